@@ -1,0 +1,124 @@
+//! `allotctl`: Allot's operators' CLI.
+//!
+//! * `allotctl replay --config FILE|DIR --trace FILE.jsonl`: decide a recorded trace against a
+//!   policy on a virtual clock (contract: `shared/acceptance/README.md`);
+//! * `allotctl validate --config FILE|DIR`: check a policy before rollout.
+
+mod replay;
+mod wire;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand, ValueEnum};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(name = "allotctl", version, about = "Allot operators' CLI")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum SummaryFormat {
+    /// A table on stderr.
+    Text,
+    /// One JSON document on stderr.
+    Json,
+    /// No summary.
+    None,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Replay a JSONL trace of Envoy RateLimitRequests against a policy on a virtual clock.
+    ///
+    /// Prints one JSON decision per request line to stdout and per-limit counts of allowed,
+    /// denied and shadow-denied requests to stderr.
+    Replay {
+        /// A config file, or a folder of them (one domain each).
+        #[arg(long)]
+        config: PathBuf,
+        /// The trace: one {"t_ms", "request"} or {"t_ms", "config"} object per line.
+        #[arg(long)]
+        trace: PathBuf,
+        /// Summary format.
+        #[arg(long, value_enum, default_value = "text")]
+        summary: SummaryFormat,
+    },
+    /// Validate a config file or folder; exits non-zero with the file, field and value at fault.
+    Validate {
+        /// A config file, or a folder of them.
+        #[arg(long)]
+        config: PathBuf,
+    },
+}
+
+fn main() -> ExitCode {
+    match run(Cli::parse()) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("allotctl: error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<ExitCode> {
+    match cli.command {
+        Command::Replay {
+            config,
+            trace,
+            summary,
+        } => {
+            let stdout = std::io::stdout();
+            let mut lock = stdout.lock();
+            let s = replay::run(&config, &trace, &mut lock)?;
+            match summary {
+                SummaryFormat::Text => eprint!("{}", s.table()),
+                SummaryFormat::Json => eprintln!("{}", serde_json::to_string(&s)?),
+                SummaryFormat::None => {}
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Validate { config } => {
+            let set = allot_common::config::ConfigSet::load(&config)
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            let mut domains: Vec<_> = set.domains().collect();
+            domains.sort_by(|a, b| a.domain.cmp(&b.domain));
+            for d in domains {
+                println!("ok: domain {:?}: {} rules", d.domain, d.rules.len());
+                for r in &d.rules {
+                    println!("  {}", describe(r));
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+fn describe(r: &allot_common::config::Rule) -> String {
+    use allot_common::config::RuleLimit;
+    let what = match r.limit {
+        RuleLimit::Unlimited => "unlimited".to_string(),
+        RuleLimit::Limited {
+            params,
+            requests_per_unit,
+            unit,
+            unit_multiplier,
+        } => format!(
+            "{} {} per {}×{} (capacity {})",
+            params.kind(),
+            requests_per_unit,
+            unit_multiplier,
+            unit.envoy_name().to_lowercase(),
+            params.capacity() / allot_common::units::MICROS_PER_TOKEN
+        ),
+    };
+    format!(
+        "{}: {}{}",
+        r.name,
+        what,
+        if r.shadow_mode { " [shadow]" } else { "" }
+    )
+}

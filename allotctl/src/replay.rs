@@ -1,0 +1,292 @@
+//! `allotctl replay`: recorded traffic against a candidate policy, on a virtual clock.
+//!
+//! Contract: `../shared/acceptance/README.md`. One JSON line per request on stdout; a config
+//! switch line changes the policy from its time on; per-limit counts go to stderr (or a file).
+
+use crate::wire::{parse_request, OwnedRequest};
+use allot_common::config::ConfigSet;
+use allot_common::limiter::{Code, DescriptorStatus, Limiter};
+use allot_common::units::{millis_to_nanos, nanos_to_millis_ceil, nanos_to_retry_after_secs};
+use allot_common::RetryAfter;
+use anyhow::{bail, Context, Result};
+use serde::Serialize;
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+/// One output line for a decided request.
+#[derive(Serialize)]
+struct DecisionLine<'a> {
+    t_ms: u64,
+    overall_code: &'static str,
+    statuses: Vec<StatusLine<'a>>,
+    retry_after_s: Option<u64>,
+    policy_version: u64,
+}
+
+#[derive(Serialize)]
+struct StatusLine<'a> {
+    code: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    current_limit: Option<CurrentLimit>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    limit_remaining: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    duration_until_reset_ms: Option<u64>,
+    shadow_over_limit: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    policy: Option<&'a str>,
+}
+
+#[derive(Serialize)]
+struct CurrentLimit {
+    requests_per_unit: u64,
+    unit: &'static str,
+    unit_multiplier: u64,
+    algorithm: &'static str,
+}
+
+#[derive(Serialize)]
+struct ErrorLine {
+    t_ms: Option<u64>,
+    error: &'static str,
+    message: String,
+}
+
+/// Counts per limit, for the operator's summary.
+#[derive(Default, Serialize, Clone, Copy)]
+pub struct LimitCounts {
+    /// Requests this limit let through (the whole request was allowed).
+    pub allowed: u64,
+    /// Requests this limit denied.
+    pub denied: u64,
+    /// Requests this shadow limit would have denied.
+    pub shadow_denied: u64,
+    /// Requests this limit allowed but another descriptor denied (nothing spent).
+    pub denied_by_other: u64,
+}
+
+/// Totals of a replay.
+#[derive(Default, Serialize)]
+pub struct Summary {
+    /// Request lines decided.
+    pub requests: u64,
+    /// Requests allowed.
+    pub allowed: u64,
+    /// Requests denied.
+    pub denied: u64,
+    /// Request lines refused as invalid.
+    pub invalid: u64,
+    /// Config switches applied.
+    pub config_changes: u64,
+    /// Per limit, keyed `domain/limit name`.
+    pub limits: BTreeMap<String, LimitCounts>,
+}
+
+impl Summary {
+    /// A table for humans.
+    pub fn table(&self) -> String {
+        let mut s = format!(
+            "replay: {} requests, {} allowed, {} denied, {} invalid, {} config changes\n",
+            self.requests, self.allowed, self.denied, self.invalid, self.config_changes
+        );
+        let w = self
+            .limits
+            .keys()
+            .map(|k| k.len())
+            .max()
+            .unwrap_or(5)
+            .max(5);
+        s.push_str(&format!(
+            "{:<w$}  {:>9}  {:>9}  {:>13}  {:>15}\n",
+            "limit", "allowed", "denied", "shadow_denied", "denied_by_other"
+        ));
+        for (k, c) in &self.limits {
+            s.push_str(&format!(
+                "{:<w$}  {:>9}  {:>9}  {:>13}  {:>15}\n",
+                k, c.allowed, c.denied, c.shadow_denied, c.denied_by_other
+            ));
+        }
+        s
+    }
+}
+
+/// Resolves a config path named in a trace: relative to the trace's folder when it exists there.
+fn resolve(trace: &Path, name: &str) -> PathBuf {
+    let p = Path::new(name);
+    if p.is_absolute() {
+        return p.to_path_buf();
+    }
+    let beside = trace.parent().map(|d| d.join(p));
+    match beside {
+        Some(b) if b.exists() => b,
+        _ => p.to_path_buf(),
+    }
+}
+
+/// Runs the replay, writing decisions to `out`. Returns the summary.
+///
+/// # Errors
+/// An unreadable trace, or a config (initial or switched to) that fails to load or validate:
+/// nothing further is decided then.
+pub fn run(config: &Path, trace: &Path, out: &mut dyn Write) -> Result<Summary> {
+    let set = ConfigSet::load(config).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let file = std::fs::File::open(trace)
+        .with_context(|| format!("{}: cannot open trace", trace.display()))?;
+    let mut out = BufWriter::new(out);
+    let mut clock_ms: Option<u64> = None;
+    let limiter = Limiter::new(set, 0);
+    let mut summary = Summary::default();
+    let mut statuses: Vec<DescriptorStatus> = Vec::with_capacity(8);
+    for (n, line) in std::io::BufReader::new(file).lines().enumerate() {
+        let line = line.with_context(|| format!("{}: line {}", trace.display(), n + 1))?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let v: Value = match serde_json::from_str(&line) {
+            Ok(v) => v,
+            Err(e) => {
+                summary.invalid += 1;
+                write_error(&mut out, None, format!("line {}: not JSON: {e}", n + 1))?;
+                continue;
+            }
+        };
+        let t_ms = v.get("t_ms").and_then(Value::as_u64);
+        if let Some(name) = v.get("config") {
+            let Some(name) = name.as_str() else {
+                bail!(
+                    "{}: line {}: config must be a file name",
+                    trace.display(),
+                    n + 1
+                );
+            };
+            let Some(t) = t_ms else {
+                bail!(
+                    "{}: line {}: t_ms must be a whole number ≥ 0",
+                    trace.display(),
+                    n + 1
+                );
+            };
+            let now = *clock_ms.insert(clock_ms.map_or(t, |c| c.max(t)));
+            let path = resolve(trace, name);
+            let set = ConfigSet::load(&path).map_err(|e| anyhow::anyhow!("{e}"))?;
+            limiter.apply(set, millis_to_nanos(now));
+            summary.config_changes += 1;
+            continue;
+        }
+        let Some(t) = t_ms else {
+            summary.invalid += 1;
+            write_error(
+                &mut out,
+                None,
+                format!("line {}: t_ms must be a whole number ≥ 0", n + 1),
+            )?;
+            continue;
+        };
+        let now = *clock_ms.insert(clock_ms.map_or(t, |c| c.max(t)));
+        let owned: OwnedRequest = match v.get("request").map(parse_request) {
+            Some(Ok(r)) => r,
+            Some(Err(e)) => {
+                summary.invalid += 1;
+                write_error(&mut out, Some(t), e)?;
+                continue;
+            }
+            None => {
+                summary.invalid += 1;
+                write_error(
+                    &mut out,
+                    Some(t),
+                    format!("line {}: neither request nor config", n + 1),
+                )?;
+                continue;
+            }
+        };
+        let result =
+            owned.with_request(|req| limiter.decide(req, millis_to_nanos(now), &mut statuses));
+        let outcome = match result {
+            Ok(o) => o,
+            Err(e) => {
+                summary.invalid += 1;
+                write_error(&mut out, Some(t), e.to_string())?;
+                continue;
+            }
+        };
+        summary.requests += 1;
+        let snap = limiter.snapshot();
+        let dom = snap.domain(&owned.domain);
+        let mut lines = Vec::with_capacity(statuses.len());
+        for s in &statuses {
+            let name = s
+                .rule_index
+                .and_then(|i| dom.map(|d| d.config.rules[i as usize].name.as_str()));
+            if let (Some(_), Some(name)) = (s.limit, name) {
+                let c = summary
+                    .limits
+                    .entry(format!("{}/{}", owned.domain, name))
+                    .or_default();
+                match (outcome.code, s.code) {
+                    (Code::Ok, _) => c.allowed += 1,
+                    (Code::OverLimit, Code::OverLimit) => c.denied += 1,
+                    (Code::OverLimit, Code::Ok) => c.denied_by_other += 1,
+                }
+                if s.shadow_over_limit {
+                    c.shadow_denied += 1;
+                }
+            }
+            lines.push(StatusLine {
+                code: code_str(s.code),
+                current_limit: s.limit.map(|l| CurrentLimit {
+                    requests_per_unit: l.requests_per_unit,
+                    unit: l.unit.envoy_name(),
+                    unit_multiplier: l.unit_multiplier,
+                    algorithm: l.algorithm.as_str(),
+                }),
+                limit_remaining: s.limit.map(|_| s.remaining),
+                duration_until_reset_ms: s.limit.map(|_| nanos_to_millis_ceil(s.reset_after)),
+                shadow_over_limit: s.shadow_over_limit,
+                policy: name,
+            });
+        }
+        match outcome.code {
+            Code::Ok => summary.allowed += 1,
+            Code::OverLimit => summary.denied += 1,
+        }
+        let retry_after_s = match (outcome.code, outcome.retry_after) {
+            (Code::Ok, _) | (_, RetryAfter::Never) => None,
+            (_, RetryAfter::Now) => Some(1),
+            (_, RetryAfter::After(ns)) => Some(nanos_to_retry_after_secs(ns)),
+        };
+        let line = DecisionLine {
+            t_ms: t,
+            overall_code: code_str(outcome.code),
+            statuses: lines,
+            retry_after_s,
+            policy_version: outcome.policy_version,
+        };
+        serde_json::to_writer(&mut out, &line)?;
+        out.write_all(b"\n")?;
+    }
+    out.flush()?;
+    Ok(summary)
+}
+
+fn code_str(c: Code) -> &'static str {
+    match c {
+        Code::Ok => "OK",
+        Code::OverLimit => "OVER_LIMIT",
+    }
+}
+
+fn write_error(out: &mut impl Write, t_ms: Option<u64>, message: String) -> Result<()> {
+    serde_json::to_writer(
+        &mut *out,
+        &ErrorLine {
+            t_ms,
+            error: "invalid_argument",
+            message,
+        },
+    )?;
+    out.write_all(b"\n")?;
+    Ok(())
+}

@@ -1,0 +1,210 @@
+//! Validated, exact parameters of a limit.
+
+use crate::units::{tokens_to_micros, Micros, Nanos, MAX_PERIOD_NS, MAX_TOKENS};
+use std::fmt;
+
+/// A refill rate as an exact ratio: `micros` microtokens every `per_ns` nanoseconds.
+///
+/// Kept as a ratio (never divided out) so that rates like 3 per second or 7 per minute accumulate
+/// no rounding error however many small steps time advances in (seed §8).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Rate {
+    /// Microtokens added per period; > 0.
+    pub micros: u64,
+    /// Period in nanoseconds; > 0.
+    pub per_ns: u64,
+}
+
+/// A windowed limit: at most `limit` microtokens per `period_ns`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct WindowParams {
+    /// L in microtokens; > 0.
+    pub limit: Micros,
+    /// Window length in nanoseconds; > 0.
+    pub period_ns: Nanos,
+}
+
+/// Which algorithm a limit uses (the `algorithm` field of a rule).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AlgorithmKind {
+    /// Token bucket with lazy refill (seed §8).
+    TokenBucket,
+    /// Generic cell rate algorithm (seed §10): same envelope as the token bucket.
+    Gcra,
+    /// Fixed window aligned to the clock origin (seed §5).
+    FixedWindow,
+    /// Two-bucket sliding-window counter (seed §7).
+    SlidingWindow,
+    /// Exact sliding log (seed §6).
+    SlidingLog,
+}
+
+impl AlgorithmKind {
+    /// Every kind, in the order the config documentation lists them.
+    pub const ALL: [AlgorithmKind; 5] = [
+        AlgorithmKind::TokenBucket,
+        AlgorithmKind::Gcra,
+        AlgorithmKind::FixedWindow,
+        AlgorithmKind::SlidingWindow,
+        AlgorithmKind::SlidingLog,
+    ];
+
+    /// The config spelling (`token_bucket`, `gcra`, …).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AlgorithmKind::TokenBucket => "token_bucket",
+            AlgorithmKind::Gcra => "gcra",
+            AlgorithmKind::FixedWindow => "fixed_window",
+            AlgorithmKind::SlidingWindow => "sliding_window",
+            AlgorithmKind::SlidingLog => "sliding_log",
+        }
+    }
+
+    /// Parses the config spelling; `None` for anything else.
+    pub fn parse(s: &str) -> Option<AlgorithmKind> {
+        AlgorithmKind::ALL.into_iter().find(|k| k.as_str() == s)
+    }
+
+    /// Whether `burst` applies (buckets) or the limit is a count per window.
+    pub fn is_bucket(self) -> bool {
+        matches!(self, AlgorithmKind::TokenBucket | AlgorithmKind::Gcra)
+    }
+}
+
+impl fmt::Display for AlgorithmKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The parameters of one limit, fully validated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LimitParams {
+    /// Capacity B (microtokens) refilled at `rate`.
+    TokenBucket {
+        /// B in microtokens.
+        capacity: Micros,
+        /// r.
+        rate: Rate,
+    },
+    /// GCRA with the same (B, r) envelope as a token bucket.
+    Gcra {
+        /// B in microtokens (burst tolerance τ = (B − 1)·I for cost 1).
+        capacity: Micros,
+        /// r = 1 / emission interval.
+        rate: Rate,
+    },
+    /// Fixed window.
+    FixedWindow(WindowParams),
+    /// Two-bucket sliding-window counter.
+    SlidingWindow(WindowParams),
+    /// Exact sliding log.
+    SlidingLog(WindowParams),
+}
+
+/// Why a set of numbers cannot make a limit; the config layer adds the file and field path.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ParamsError {
+    /// `requests_per_unit` is 0 or above [`MAX_TOKENS`].
+    #[error("requests_per_unit must be between 1 and {max}, got {got}")]
+    Rate {
+        /// The value given.
+        got: u64,
+        /// The largest accepted.
+        max: u64,
+    },
+    /// `burst` is 0 or above [`MAX_TOKENS`].
+    #[error("burst must be between 1 and {max}, got {got}")]
+    Burst {
+        /// The value given.
+        got: u64,
+        /// The largest accepted.
+        max: u64,
+    },
+    /// The period (unit × unit_multiplier) is 0 or above [`MAX_PERIOD_NS`].
+    #[error("period must be between 1 ns and {max} ns, got {got} ns")]
+    Period {
+        /// The period in nanoseconds (saturated).
+        got: u64,
+        /// The largest accepted.
+        max: u64,
+    },
+}
+
+impl LimitParams {
+    /// Builds validated parameters: `requests_per_unit` tokens per `period_ns`, with `burst`
+    /// tokens of capacity for buckets (defaults to `requests_per_unit`; ignored for windows).
+    ///
+    /// # Errors
+    /// [`ParamsError`] when a number is zero or beyond the supported range.
+    pub fn new(
+        kind: AlgorithmKind,
+        requests_per_unit: u64,
+        period_ns: Nanos,
+        burst: Option<u64>,
+    ) -> Result<LimitParams, ParamsError> {
+        if requests_per_unit == 0 || requests_per_unit > MAX_TOKENS {
+            return Err(ParamsError::Rate {
+                got: requests_per_unit,
+                max: MAX_TOKENS,
+            });
+        }
+        if period_ns == 0 || period_ns > MAX_PERIOD_NS {
+            return Err(ParamsError::Period {
+                got: period_ns,
+                max: MAX_PERIOD_NS,
+            });
+        }
+        let rate = Rate {
+            micros: tokens_to_micros(requests_per_unit),
+            per_ns: period_ns,
+        };
+        let burst = burst.unwrap_or(requests_per_unit);
+        if kind.is_bucket() && (burst == 0 || burst > MAX_TOKENS) {
+            return Err(ParamsError::Burst {
+                got: burst,
+                max: MAX_TOKENS,
+            });
+        }
+        let window = WindowParams {
+            limit: tokens_to_micros(requests_per_unit),
+            period_ns,
+        };
+        Ok(match kind {
+            AlgorithmKind::TokenBucket => LimitParams::TokenBucket {
+                capacity: tokens_to_micros(burst),
+                rate,
+            },
+            AlgorithmKind::Gcra => LimitParams::Gcra {
+                capacity: tokens_to_micros(burst),
+                rate,
+            },
+            AlgorithmKind::FixedWindow => LimitParams::FixedWindow(window),
+            AlgorithmKind::SlidingWindow => LimitParams::SlidingWindow(window),
+            AlgorithmKind::SlidingLog => LimitParams::SlidingLog(window),
+        })
+    }
+
+    /// The algorithm these parameters are for.
+    pub fn kind(&self) -> AlgorithmKind {
+        match self {
+            LimitParams::TokenBucket { .. } => AlgorithmKind::TokenBucket,
+            LimitParams::Gcra { .. } => AlgorithmKind::Gcra,
+            LimitParams::FixedWindow(_) => AlgorithmKind::FixedWindow,
+            LimitParams::SlidingWindow(_) => AlgorithmKind::SlidingWindow,
+            LimitParams::SlidingLog(_) => AlgorithmKind::SlidingLog,
+        }
+    }
+
+    /// Largest cost that can ever pass, in microtokens.
+    pub fn capacity(&self) -> Micros {
+        match self {
+            LimitParams::TokenBucket { capacity, .. } | LimitParams::Gcra { capacity, .. } => {
+                *capacity
+            }
+            LimitParams::FixedWindow(w)
+            | LimitParams::SlidingWindow(w)
+            | LimitParams::SlidingLog(w) => w.limit,
+        }
+    }
+}

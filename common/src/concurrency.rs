@@ -1,0 +1,163 @@
+//! Concurrency limiter (seed §25): at most N units of work in flight; a permit returns its slots
+//! when dropped, so an early return or a panic in the caller cannot leak capacity.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// The limiter has fewer free slots than asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum ConcurrencyError {
+    /// All slots are in use.
+    #[error("{in_flight} of {max} slots in use; {wanted} more requested")]
+    Full {
+        /// Slots in use.
+        in_flight: u64,
+        /// The cap.
+        max: u64,
+        /// Slots requested.
+        wanted: u64,
+    },
+    /// More slots requested than the cap: can never be granted.
+    #[error("{wanted} slots requested but the cap is {max}")]
+    ExceedsCapacity {
+        /// Slots requested.
+        wanted: u64,
+        /// The cap.
+        max: u64,
+    },
+}
+
+/// At most `max` slots in flight. Lock-free: one compare-and-swap per acquire.
+#[derive(Debug)]
+pub struct ConcurrencyLimiter {
+    max: u64,
+    in_flight: AtomicU64,
+}
+
+/// Held slots; dropping it releases them.
+#[derive(Debug)]
+#[must_use = "dropping the permit releases its slots at once"]
+pub struct Permit {
+    limiter: Arc<ConcurrencyLimiter>,
+    slots: u64,
+}
+
+impl ConcurrencyLimiter {
+    /// A limiter with `max` slots.
+    pub fn new(max: u64) -> Arc<Self> {
+        Arc::new(ConcurrencyLimiter {
+            max,
+            in_flight: AtomicU64::new(0),
+        })
+    }
+
+    /// Slots in use now.
+    pub fn in_flight(&self) -> u64 {
+        self.in_flight.load(Ordering::Acquire)
+    }
+
+    /// The cap.
+    pub fn max(&self) -> u64 {
+        self.max
+    }
+
+    /// Takes `slots` slots if they are free, without waiting.
+    ///
+    /// # Errors
+    /// [`ConcurrencyError::Full`] when fewer are free; [`ConcurrencyError::ExceedsCapacity`]
+    /// when `slots` exceeds the cap. Nothing is taken on error.
+    pub fn try_acquire(self: &Arc<Self>, slots: u64) -> Result<Permit, ConcurrencyError> {
+        if slots > self.max {
+            return Err(ConcurrencyError::ExceedsCapacity {
+                wanted: slots,
+                max: self.max,
+            });
+        }
+        let mut cur = self.in_flight.load(Ordering::Relaxed);
+        loop {
+            if cur + slots > self.max {
+                return Err(ConcurrencyError::Full {
+                    in_flight: cur,
+                    max: self.max,
+                    wanted: slots,
+                });
+            }
+            match self.in_flight.compare_exchange_weak(
+                cur,
+                cur + slots,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => {
+                    return Ok(Permit {
+                        limiter: self.clone(),
+                        slots,
+                    })
+                }
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+}
+
+impl Permit {
+    /// Slots this permit holds.
+    pub fn slots(&self) -> u64 {
+        self.slots
+    }
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        self.limiter
+            .in_flight
+            .fetch_sub(self.slots, Ordering::AcqRel);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn permits_release_on_drop() {
+        let l = ConcurrencyLimiter::new(3);
+        let a = l.try_acquire(2).unwrap();
+        assert!(matches!(
+            l.try_acquire(2),
+            Err(ConcurrencyError::Full { in_flight: 2, .. })
+        ));
+        let b = l.try_acquire(1).unwrap();
+        assert_eq!(l.in_flight(), 3);
+        drop(a);
+        assert_eq!(l.in_flight(), 1);
+        drop(b);
+        assert_eq!(l.in_flight(), 0);
+        assert!(matches!(
+            l.try_acquire(4),
+            Err(ConcurrencyError::ExceedsCapacity { .. })
+        ));
+    }
+
+    #[test]
+    fn concurrent_acquires_never_exceed_the_cap() {
+        let l = ConcurrencyLimiter::new(5);
+        let peak = Arc::new(AtomicU64::new(0));
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                let l = l.clone();
+                let peak = peak.clone();
+                s.spawn(move || {
+                    for _ in 0..10_000 {
+                        if let Ok(p) = l.try_acquire(1) {
+                            peak.fetch_max(l.in_flight(), Ordering::Relaxed);
+                            drop(p);
+                        }
+                    }
+                });
+            }
+        });
+        assert!(peak.load(Ordering::Relaxed) <= 5);
+        assert_eq!(l.in_flight(), 0);
+    }
+}

@@ -1,0 +1,310 @@
+//! Limit configuration: the envoyproxy/ratelimit YAML format with Allot's additions
+//! (`../shared/acceptance/README.md` is the contract), loaded from one file or a folder of files
+//! (one domain each), validated before anything is decided.
+//!
+//! ```yaml
+//! domain: acme
+//! descriptors:
+//!   - key: tenant              # no value: one counter per tenant value
+//!     descriptors:
+//!       - key: operation
+//!         value: search         # this value only
+//!         rate_limit:
+//!           unit: second        # second | minute | hour | day
+//!           unit_multiplier: 1  # period = unit × multiplier
+//!           requests_per_unit: 10
+//!           algorithm: token_bucket   # gcra | fixed_window | sliding_window | sliding_log
+//!           burst: 40           # buckets only; defaults to requests_per_unit
+//!           scope: global       # global (leased from the allocator) | local (per agent)
+//!           failure_mode: deny  # deny | emergency: what an agent does when its allocation runs out
+//!           max_keys: 100000    # distinct values kept at once; idle ones are evicted
+//!         shadow_mode: false
+//! ```
+
+mod error;
+mod raw;
+mod validate;
+
+pub use error::ConfigError;
+
+use crate::algorithm::LimitParams;
+use crate::units::NANOS_PER_SEC;
+use hashbrown::HashMap;
+use std::path::{Path, PathBuf};
+
+type Map<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+
+/// Default of `max_keys`: distinct descriptor values one rule keeps state for at once.
+pub const DEFAULT_MAX_KEYS: u64 = 100_000;
+
+/// Largest `requests_per_unit` a `sliding_log` rule may have: its memory is O(L) per key.
+pub const MAX_SLIDING_LOG_LIMIT: u64 = 100_000;
+
+/// The `unit` of a rate limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Unit {
+    /// 1 s.
+    Second,
+    /// 60 s.
+    Minute,
+    /// 3 600 s.
+    Hour,
+    /// 86 400 s.
+    Day,
+}
+
+impl Unit {
+    /// The unit's length in nanoseconds.
+    pub fn nanos(self) -> u64 {
+        NANOS_PER_SEC
+            * match self {
+                Unit::Second => 1,
+                Unit::Minute => 60,
+                Unit::Hour => 3_600,
+                Unit::Day => 86_400,
+            }
+    }
+
+    /// Envoy's spelling in `RateLimitResponse.RateLimit.Unit` (`SECOND`, …).
+    pub fn envoy_name(self) -> &'static str {
+        match self {
+            Unit::Second => "SECOND",
+            Unit::Minute => "MINUTE",
+            Unit::Hour => "HOUR",
+            Unit::Day => "DAY",
+        }
+    }
+
+    pub(crate) fn parse(s: &str) -> Option<Unit> {
+        match s.to_ascii_lowercase().as_str() {
+            "second" => Some(Unit::Second),
+            "minute" => Some(Unit::Minute),
+            "hour" => Some(Unit::Hour),
+            "day" => Some(Unit::Day),
+            _ => None,
+        }
+    }
+}
+
+/// Where a limit is enforced (seed §12, §19–21).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Scope {
+    /// One global budget, leased to agents by the allocator.
+    #[default]
+    Global,
+    /// Each agent enforces the whole limit on its own: the contract is per instance.
+    Local,
+}
+
+/// What an agent does when its allocation is spent and the allocator is unreachable (seed §26).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum FailureMode {
+    /// Deny (429 with Retry-After).
+    #[default]
+    Deny,
+    /// Admit from a bounded local emergency bucket, counted in the overshoot bound.
+    Emergency,
+}
+
+/// The limit a rule applies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RuleLimit {
+    /// `unlimited: true`: never limits.
+    Unlimited,
+    /// A validated limit.
+    Limited {
+        /// Exact algorithm parameters.
+        params: LimitParams,
+        /// `requests_per_unit` as configured (Envoy's `current_limit`).
+        requests_per_unit: u64,
+        /// `unit` as configured.
+        unit: Unit,
+        /// `unit_multiplier` as configured.
+        unit_multiplier: u64,
+    },
+}
+
+/// One configured rule: a node of the descriptor tree that carries a `rate_limit`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rule {
+    /// Canonical identity: domain and the (key, value-or-any) path, e.g.
+    /// `acme|tenant|operation=search`. Two config versions with the same id have the same key
+    /// shape, so per-key state carries over between them (seed §28).
+    pub id: String,
+    /// `rate_limit.name` when given, else the id; reported as the policy name.
+    pub name: String,
+    /// What it limits.
+    pub limit: RuleLimit,
+    /// Decide and count, but always answer OK (seed §29).
+    pub shadow_mode: bool,
+    /// Where it is enforced.
+    pub scope: Scope,
+    /// What an agent does when coordination is unavailable.
+    pub failure_mode: FailureMode,
+    /// Distinct keys kept at once.
+    pub max_keys: u64,
+    /// Config file it came from.
+    pub source: PathBuf,
+}
+
+#[derive(Debug, Clone, Default)]
+struct Node {
+    children: Map<String, Children>,
+    rule: Option<usize>,
+}
+
+#[derive(Debug, Clone, Default)]
+struct Children {
+    by_value: Map<String, usize>,
+    any: Option<usize>,
+}
+
+/// One validated domain: its descriptor tree and rules.
+#[derive(Debug, Clone)]
+pub struct DomainConfig {
+    /// The domain name.
+    pub domain: String,
+    /// Every rule, in file order.
+    pub rules: Vec<Rule>,
+    nodes: Vec<Node>,
+}
+
+impl DomainConfig {
+    /// The rule a request descriptor matches (by index into [`rules`](Self::rules)), or `None`
+    /// when it matches no node with a `rate_limit` (then it is not limited).
+    ///
+    /// Walks the tree entry by entry: a child with the entry's exact value wins over one without a
+    /// value; an entry that matches no child means no match. Keys and values compare byte for byte.
+    pub fn match_rule<'a, I>(&self, entries: I) -> Option<usize>
+    where
+        I: IntoIterator<Item = (&'a str, &'a str)>,
+    {
+        let mut node = 0usize;
+        let mut any = false;
+        for (key, value) in entries {
+            any = true;
+            let children = self.nodes[node].children.get(key)?;
+            node = match children.by_value.get(value) {
+                Some(&n) => n,
+                None => children.any?,
+            };
+        }
+        if !any {
+            return None;
+        }
+        self.nodes[node].rule
+    }
+}
+
+/// A validated set of domains: what a limiter decides with.
+#[derive(Debug, Clone, Default)]
+pub struct ConfigSet {
+    domains: Map<String, DomainConfig>,
+}
+
+impl ConfigSet {
+    /// Loads a YAML file, or every `*.yaml` / `*.yml` file of a folder (one domain each).
+    ///
+    /// # Errors
+    /// [`ConfigError`] naming the file, the field path and the bad value, for unreadable files,
+    /// YAML syntax errors, unknown fields, invalid values, or a domain defined twice.
+    pub fn load(path: &Path) -> Result<ConfigSet, ConfigError> {
+        let meta = std::fs::metadata(path).map_err(|e| ConfigError::Io {
+            file: path.to_path_buf(),
+            message: e.to_string(),
+        })?;
+        let files = if meta.is_dir() {
+            let mut files = Vec::new();
+            let rd = std::fs::read_dir(path).map_err(|e| ConfigError::Io {
+                file: path.to_path_buf(),
+                message: e.to_string(),
+            })?;
+            for entry in rd {
+                let entry = entry.map_err(|e| ConfigError::Io {
+                    file: path.to_path_buf(),
+                    message: e.to_string(),
+                })?;
+                let p = entry.path();
+                let yaml = matches!(
+                    p.extension().and_then(|e| e.to_str()),
+                    Some("yaml") | Some("yml")
+                );
+                if yaml && p.is_file() {
+                    files.push(p);
+                }
+            }
+            files.sort();
+            if files.is_empty() {
+                return Err(ConfigError::Empty {
+                    dir: path.to_path_buf(),
+                });
+            }
+            files
+        } else {
+            vec![path.to_path_buf()]
+        };
+        let mut set = ConfigSet::default();
+        for file in files {
+            let text = std::fs::read_to_string(&file).map_err(|e| ConfigError::Io {
+                file: file.clone(),
+                message: e.to_string(),
+            })?;
+            set.insert(ConfigSet::parse_domain(&text, &file)?)?;
+        }
+        Ok(set)
+    }
+
+    /// Parses and validates one domain from YAML text; `file` names it in errors.
+    ///
+    /// # Errors
+    /// As [`load`](Self::load).
+    pub fn parse_domain(text: &str, file: &Path) -> Result<DomainConfig, ConfigError> {
+        validate::domain(text, file)
+    }
+
+    /// Parses one YAML document into a set with that single domain.
+    ///
+    /// # Errors
+    /// As [`load`](Self::load).
+    pub fn from_yaml(text: &str, file: &Path) -> Result<ConfigSet, ConfigError> {
+        let mut set = ConfigSet::default();
+        set.insert(ConfigSet::parse_domain(text, file)?)?;
+        Ok(set)
+    }
+
+    /// Adds a domain.
+    ///
+    /// # Errors
+    /// [`ConfigError::DuplicateDomain`] when the domain is already present.
+    pub fn insert(&mut self, d: DomainConfig) -> Result<(), ConfigError> {
+        if let Some(other) = self.domains.get(&d.domain) {
+            let first = other
+                .rules
+                .first()
+                .map(|r| r.source.clone())
+                .unwrap_or_default();
+            let second = d
+                .rules
+                .first()
+                .map(|r| r.source.clone())
+                .unwrap_or_default();
+            return Err(ConfigError::DuplicateDomain {
+                domain: d.domain.clone(),
+                first,
+                second,
+            });
+        }
+        self.domains.insert(d.domain.clone(), d);
+        Ok(())
+    }
+
+    /// The domain named `name`.
+    pub fn domain(&self, name: &str) -> Option<&DomainConfig> {
+        self.domains.get(name)
+    }
+
+    /// All domains, in no particular order.
+    pub fn domains(&self) -> impl Iterator<Item = &DomainConfig> {
+        self.domains.values()
+    }
+}

@@ -1,0 +1,85 @@
+//! The envoyproxy/ratelimit YAML as written, before validation.
+//!
+//! Scalars that need a precise error (numbers, enums) are read loosely here and checked in
+//! [`validate`](super::validate), so a bad value is reported with its field path and value rather
+//! than as a type mismatch. Unknown fields are refused: a misspelt field must not be ignored.
+
+use serde::Deserialize;
+
+/// One config file: one domain.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawDomain {
+    pub domain: Option<Scalar>,
+    #[serde(default)]
+    pub descriptors: Vec<RawDescriptor>,
+}
+
+/// A node of the descriptor tree.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawDescriptor {
+    pub key: Option<Scalar>,
+    pub value: Option<Scalar>,
+    pub rate_limit: Option<RawRateLimit>,
+    pub shadow_mode: Option<Scalar>,
+    #[serde(default)]
+    pub descriptors: Vec<RawDescriptor>,
+    /// Envoy: emit per-value metrics. Accepted for compatibility; Allot's metrics stay bounded.
+    #[allow(dead_code)]
+    pub detailed_metric: Option<Scalar>,
+    /// Envoy: include the value in the metric key. Accepted for compatibility, as above.
+    #[allow(dead_code)]
+    pub value_to_metric: Option<Scalar>,
+}
+
+/// `rate_limit` of a node, with Allot's additions.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawRateLimit {
+    pub unit: Option<Scalar>,
+    pub unit_multiplier: Option<Scalar>,
+    pub requests_per_unit: Option<Scalar>,
+    pub algorithm: Option<Scalar>,
+    pub burst: Option<Scalar>,
+    pub unlimited: Option<Scalar>,
+    pub name: Option<Scalar>,
+    /// Envoy: names of limits this one replaces. Accepted for compatibility.
+    #[allow(dead_code)]
+    pub replaces: Option<Vec<RawReplaces>>,
+    pub scope: Option<Scalar>,
+    pub failure_mode: Option<Scalar>,
+    pub max_keys: Option<Scalar>,
+}
+
+/// An entry of Envoy's `replaces` list.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawReplaces {
+    #[allow(dead_code)]
+    pub name: Option<Scalar>,
+}
+
+/// Any YAML scalar, kept with its type so validation can say what was wrong with it.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub(crate) enum Scalar {
+    Bool(bool),
+    Unsigned(u64),
+    Signed(i64),
+    Float(f64),
+    Text(String),
+}
+
+impl Scalar {
+    /// The value as the user would recognise it in an error message.
+    pub fn shown(&self) -> String {
+        match self {
+            Scalar::Bool(b) => b.to_string(),
+            Scalar::Unsigned(n) => n.to_string(),
+            Scalar::Signed(n) => n.to_string(),
+            Scalar::Float(f) => f.to_string(),
+            Scalar::Text(s) => format!("{s:?}"),
+        }
+    }
+}

@@ -1,0 +1,409 @@
+//! Request descriptors (Envoy's `RateLimitDescriptor`) and their canonical keys (seed §3, §15).
+//!
+//! A key is the descriptor's entries encoded with length prefixes, so the encoding is injective:
+//! `("a", "b_c")` and `("a_b", "c")`, or "é" and "e" + U+0301, never share a counter. Keys and
+//! values compare byte for byte, with no normalisation. Sizes are bounded so that state and
+//! memory stay bounded whatever the caller sends.
+
+use std::hash::Hasher;
+
+/// Most entries one descriptor may have.
+pub const MAX_ENTRIES: usize = 16;
+/// Most descriptors one request may have.
+pub const MAX_DESCRIPTORS: usize = 32;
+/// Longest key, value or domain, in bytes.
+pub const MAX_PART_BYTES: usize = 1024;
+/// Largest cost (hits) one descriptor may ask for, in whole tokens: Envoy's `uint32 hits_addend`.
+pub const MAX_COST_TOKENS: u64 = u32::MAX as u64;
+
+/// One `key=value` entry of a descriptor, borrowed from the request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Entry<'a> {
+    /// The entry's key; non-empty.
+    pub key: &'a str,
+    /// The entry's value; non-empty.
+    pub value: &'a str,
+}
+
+/// One descriptor of a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Descriptor<'a> {
+    /// Entries, outermost first; 1 to [`MAX_ENTRIES`].
+    pub entries: &'a [Entry<'a>],
+    /// This descriptor's own cost in whole tokens, when given (0 checks without spending).
+    pub hits_addend: Option<u64>,
+}
+
+/// A rate-limit request (Envoy's `RateLimitRequest`), borrowed: building one allocates nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Request<'a> {
+    /// The config domain.
+    pub domain: &'a str,
+    /// 1 to [`MAX_DESCRIPTORS`] descriptors, all decided together (all-or-nothing).
+    pub descriptors: &'a [Descriptor<'a>],
+    /// Cost of every descriptor without its own; `None` or `Some(0)` mean 1.
+    pub hits_addend: Option<u64>,
+}
+
+/// Why a request was refused as invalid. An invalid request is decided on nothing and spends
+/// nothing.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RequestError {
+    /// `domain` is empty.
+    #[error("domain is empty")]
+    EmptyDomain,
+    /// No config defines this domain.
+    #[error("unknown domain {0:?}")]
+    UnknownDomain(String),
+    /// The request has no descriptor.
+    #[error("request has no descriptors")]
+    NoDescriptors,
+    /// Too many descriptors.
+    #[error("request has {got} descriptors; at most {max} are accepted")]
+    TooManyDescriptors {
+        /// Count given.
+        got: usize,
+        /// Limit.
+        max: usize,
+    },
+    /// A descriptor has no entry.
+    #[error("descriptors[{descriptor}] has no entries")]
+    NoEntries {
+        /// Descriptor index.
+        descriptor: usize,
+    },
+    /// A descriptor has too many entries.
+    #[error("descriptors[{descriptor}] has {got} entries; at most {max} are accepted")]
+    TooManyEntries {
+        /// Descriptor index.
+        descriptor: usize,
+        /// Count given.
+        got: usize,
+        /// Limit.
+        max: usize,
+    },
+    /// An entry's key or value is empty.
+    #[error("descriptors[{descriptor}].entries[{entry}].{field} is empty")]
+    EmptyPart {
+        /// Descriptor index.
+        descriptor: usize,
+        /// Entry index.
+        entry: usize,
+        /// `key` or `value`.
+        field: &'static str,
+    },
+    /// A key, value or domain is too long.
+    #[error("{what} is {got} bytes; at most {max} are accepted")]
+    TooLong {
+        /// Which part.
+        what: String,
+        /// Length given.
+        got: usize,
+        /// Limit.
+        max: usize,
+    },
+    /// A cost beyond `u32`.
+    #[error("descriptors[{descriptor}].hits_addend is {got}; at most {max} is accepted")]
+    CostTooLarge {
+        /// Descriptor index.
+        descriptor: usize,
+        /// Cost given.
+        got: u64,
+        /// Limit.
+        max: u64,
+    },
+}
+
+impl<'a> Request<'a> {
+    /// Checks sizes, emptiness and costs (not the domain's existence).
+    ///
+    /// # Errors
+    /// The first [`RequestError`] found.
+    pub fn validate(&self) -> Result<(), RequestError> {
+        if self.domain.is_empty() {
+            return Err(RequestError::EmptyDomain);
+        }
+        if self.domain.len() > MAX_PART_BYTES {
+            return Err(RequestError::TooLong {
+                what: "domain".into(),
+                got: self.domain.len(),
+                max: MAX_PART_BYTES,
+            });
+        }
+        if self.descriptors.is_empty() {
+            return Err(RequestError::NoDescriptors);
+        }
+        if self.descriptors.len() > MAX_DESCRIPTORS {
+            return Err(RequestError::TooManyDescriptors {
+                got: self.descriptors.len(),
+                max: MAX_DESCRIPTORS,
+            });
+        }
+        if let Some(h) = self.hits_addend {
+            if h > MAX_COST_TOKENS {
+                return Err(RequestError::CostTooLarge {
+                    descriptor: 0,
+                    got: h,
+                    max: MAX_COST_TOKENS,
+                });
+            }
+        }
+        for (i, d) in self.descriptors.iter().enumerate() {
+            if d.entries.is_empty() {
+                return Err(RequestError::NoEntries { descriptor: i });
+            }
+            if d.entries.len() > MAX_ENTRIES {
+                return Err(RequestError::TooManyEntries {
+                    descriptor: i,
+                    got: d.entries.len(),
+                    max: MAX_ENTRIES,
+                });
+            }
+            if let Some(h) = d.hits_addend {
+                if h > MAX_COST_TOKENS {
+                    return Err(RequestError::CostTooLarge {
+                        descriptor: i,
+                        got: h,
+                        max: MAX_COST_TOKENS,
+                    });
+                }
+            }
+            for (j, e) in d.entries.iter().enumerate() {
+                for (field, part) in [("key", e.key), ("value", e.value)] {
+                    if part.is_empty() {
+                        return Err(RequestError::EmptyPart {
+                            descriptor: i,
+                            entry: j,
+                            field,
+                        });
+                    }
+                    if part.len() > MAX_PART_BYTES {
+                        return Err(RequestError::TooLong {
+                            what: format!("descriptors[{i}].entries[{j}].{field}"),
+                            got: part.len(),
+                            max: MAX_PART_BYTES,
+                        });
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Cost of descriptor `i` in whole tokens: its own `hits_addend` when present (0 means a
+    /// check that spends nothing), else the request's, where absent or 0 means 1.
+    pub fn cost_tokens(&self, i: usize) -> u64 {
+        match self.descriptors[i].hits_addend {
+            Some(h) => h,
+            None => match self.hits_addend {
+                None | Some(0) => 1,
+                Some(h) => h,
+            },
+        }
+    }
+}
+
+/// Bytes of the canonical key for `entries`.
+pub fn encoded_len(entries: &[Entry<'_>]) -> usize {
+    entries
+        .iter()
+        .map(|e| 8 + e.key.len() + e.value.len())
+        .sum()
+}
+
+/// The canonical key: for each entry, `len(key)` (u32 BE), key, `len(value)` (u32 BE), value.
+pub fn encode_key(entries: &[Entry<'_>]) -> Box<[u8]> {
+    let mut out = Vec::with_capacity(encoded_len(entries));
+    for e in entries {
+        for part in [e.key, e.value] {
+            out.extend_from_slice(&(part.len() as u32).to_be_bytes());
+            out.extend_from_slice(part.as_bytes());
+        }
+    }
+    out.into_boxed_slice()
+}
+
+/// Whether `key` is the canonical key of `entries`, without building it.
+pub fn key_matches(entries: &[Entry<'_>], key: &[u8]) -> bool {
+    if key.len() != encoded_len(entries) {
+        return false;
+    }
+    let mut rest = key;
+    for e in entries {
+        for part in [e.key, e.value] {
+            let (len, tail) = rest.split_at(4);
+            if len != (part.len() as u32).to_be_bytes() {
+                return false;
+            }
+            let (bytes, tail) = tail.split_at(part.len());
+            if bytes != part.as_bytes() {
+                return false;
+            }
+            rest = tail;
+        }
+    }
+    true
+}
+
+/// Feeds `entries` to `h` part by part, each length first (no allocation, no ambiguity).
+pub fn hash_entries<H: Hasher>(entries: &[Entry<'_>], h: &mut H) {
+    for e in entries {
+        h.write_usize(e.key.len());
+        h.write(e.key.as_bytes());
+        h.write_usize(e.value.len());
+        h.write(e.value.as_bytes());
+    }
+}
+
+/// Decodes a canonical key into (key, value) pairs; `None` when the bytes are not one.
+pub fn decode_key(mut key: &[u8]) -> Option<Vec<(String, String)>> {
+    let mut out = Vec::new();
+    let take = |rest: &mut &[u8]| -> Option<String> {
+        if rest.len() < 4 {
+            return None;
+        }
+        let (len, tail) = rest.split_at(4);
+        let len = u32::from_be_bytes(len.try_into().ok()?) as usize;
+        if tail.len() < len {
+            return None;
+        }
+        let (bytes, tail) = tail.split_at(len);
+        *rest = tail;
+        String::from_utf8(bytes.to_vec()).ok()
+    };
+    while !key.is_empty() {
+        let k = take(&mut key)?;
+        let v = take(&mut key)?;
+        out.push((k, v));
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn e<'a>(k: &'a str, v: &'a str) -> Entry<'a> {
+        Entry { key: k, value: v }
+    }
+
+    #[test]
+    fn keys_that_join_alike_stay_distinct() {
+        let a = encode_key(&[e("a", "b_c")]);
+        let b = encode_key(&[e("a_b", "c")]);
+        assert_ne!(a, b);
+        let composed = encode_key(&[e("a", "\u{e9}")]);
+        let decomposed = encode_key(&[e("a", "e\u{301}")]);
+        assert_ne!(composed, decomposed);
+        let two = encode_key(&[e("a", "b"), e("c", "d")]);
+        let one = encode_key(&[e("a", "b\0\0\0\u{1}c")]);
+        assert_ne!(two, one);
+        assert!(key_matches(&[e("a", "b_c")], &a));
+        assert!(!key_matches(&[e("a_b", "c")], &a));
+        assert_eq!(
+            decode_key(&two).unwrap(),
+            vec![("a".into(), "b".into()), ("c".into(), "d".into())]
+        );
+        assert_eq!(decode_key(&[0, 0, 0, 9, 1]), None);
+    }
+
+    #[test]
+    fn request_validation_names_the_problem() {
+        let ents = [e("k", "")];
+        let d = [Descriptor {
+            entries: &ents,
+            hits_addend: None,
+        }];
+        let r = Request {
+            domain: "x",
+            descriptors: &d,
+            hits_addend: None,
+        };
+        assert_eq!(
+            r.validate(),
+            Err(RequestError::EmptyPart {
+                descriptor: 0,
+                entry: 0,
+                field: "value"
+            })
+        );
+        let ents = [e("k", "v")];
+        let d = [Descriptor {
+            entries: &ents,
+            hits_addend: Some(u64::MAX),
+        }];
+        let r = Request {
+            domain: "x",
+            descriptors: &d,
+            hits_addend: None,
+        };
+        assert!(matches!(
+            r.validate(),
+            Err(RequestError::CostTooLarge { .. })
+        ));
+        let r = Request {
+            domain: "",
+            descriptors: &d,
+            hits_addend: None,
+        };
+        assert_eq!(r.validate(), Err(RequestError::EmptyDomain));
+        let r = Request {
+            domain: "x",
+            descriptors: &[],
+            hits_addend: None,
+        };
+        assert_eq!(r.validate(), Err(RequestError::NoDescriptors));
+        let long = "x".repeat(MAX_PART_BYTES + 1);
+        let ents = [e("k", &long)];
+        let d = [Descriptor {
+            entries: &ents,
+            hits_addend: None,
+        }];
+        let r = Request {
+            domain: "x",
+            descriptors: &d,
+            hits_addend: None,
+        };
+        assert!(matches!(r.validate(), Err(RequestError::TooLong { .. })));
+    }
+
+    #[test]
+    fn cost_follows_envoy_hits_addend_rules() {
+        let ents = [e("k", "v")];
+        let d = [
+            Descriptor {
+                entries: &ents,
+                hits_addend: None,
+            },
+            Descriptor {
+                entries: &ents,
+                hits_addend: Some(0),
+            },
+            Descriptor {
+                entries: &ents,
+                hits_addend: Some(7),
+            },
+        ];
+        let r = Request {
+            domain: "x",
+            descriptors: &d,
+            hits_addend: None,
+        };
+        assert_eq!(
+            (r.cost_tokens(0), r.cost_tokens(1), r.cost_tokens(2)),
+            (1, 0, 7)
+        );
+        let r = Request {
+            domain: "x",
+            descriptors: &d,
+            hits_addend: Some(0),
+        };
+        assert_eq!(r.cost_tokens(0), 1);
+        let r = Request {
+            domain: "x",
+            descriptors: &d,
+            hits_addend: Some(3),
+        };
+        assert_eq!(r.cost_tokens(0), 3);
+    }
+}

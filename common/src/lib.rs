@@ -1,0 +1,33 @@
+//! # allot-common: Allot's decision core
+//!
+//! One implementation of every admission decision, used by `allotctl replay`, the gateway agent
+//! and the allocator:
+//!
+//! * [`units`]: fixed-point microtokens and integer nanoseconds (seed §8);
+//! * [`clock`]: injected time, real and manual (seed §11, §30);
+//! * [`algorithm`]: token bucket, GCRA, fixed window, sliding-window counter, sliding log, and the
+//!   leaky-bucket shaper (seed §5–10), exact and overflow-free;
+//! * [`config`]: the envoyproxy/ratelimit YAML with Allot's additions, validated (seed §28);
+//! * [`descriptor`]: requests and injective canonical keys with bounded sizes (seed §3, §15);
+//! * [`keyed`]: per-key state with a cap on keys and idle eviction (seed §3);
+//! * [`limiter`]: all-or-nothing multi-descriptor decisions, shadow mode, config transitions;
+//! * [`concurrency`]: in-flight limits (seed §25); [`direct`]: a single-key limiter.
+//!
+//! No I/O, no async runtime, no floating point on the decision path.
+
+#![warn(missing_docs)]
+
+pub mod algorithm;
+pub mod clock;
+pub mod concurrency;
+pub mod config;
+pub mod decision;
+pub mod descriptor;
+pub mod direct;
+pub mod keyed;
+pub mod limiter;
+pub mod units;
+
+pub use clock::{Clock, ManualClock, MonotonicClock};
+pub use decision::{Decision, RetryAfter};
+pub use limiter::{Code, DescriptorStatus, Limiter, Outcome, Reason};

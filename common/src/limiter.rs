@@ -1,0 +1,491 @@
+//! The keyed limiter: one decision function that the replay, the agent and any Rust gateway call.
+//!
+//! A request is decided all-or-nothing (seed §18): every descriptor is matched to its rule and
+//! key, the keys' slots are locked in address order (no deadlock, no lock held by anyone else),
+//! every limit is checked, and only when every enforced limit allows does anything spend. Shadow
+//! rules (seed §29) are decided and counted exactly like enforced ones but never deny.
+//! Config changes (seed §28) swap an immutable snapshot; per-key state of a rule whose key shape
+//! is unchanged carries over and is transitioned lazily at the snapshot's activation time.
+
+use crate::algorithm::{AlgorithmKind, LimitParams};
+use crate::config::{ConfigSet, DomainConfig, Rule, RuleLimit, Unit};
+use crate::decision::{Decision, RetryAfter};
+use crate::descriptor::{Request, RequestError, MAX_DESCRIPTORS};
+use crate::keyed::{KeyTable, Slot, SlotState, TableFull};
+use crate::units::{tokens_to_micros, Micros, Nanos, MICROS_PER_TOKEN, NANOS_PER_SEC};
+use arc_swap::ArcSwap;
+use arrayvec::ArrayVec;
+use hashbrown::HashMap;
+use parking_lot::{Mutex, MutexGuard};
+use std::sync::Arc;
+
+type Map<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+
+/// How long a request denied because its rule's key table is full should wait.
+pub const TABLE_FULL_RETRY_NS: Nanos = NANOS_PER_SEC;
+
+/// Envoy's per-descriptor and overall code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Code {
+    /// Within limits (or not limited).
+    Ok,
+    /// Over a limit.
+    OverLimit,
+}
+
+/// Why a descriptor got its status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Reason {
+    /// No rule matches the descriptor: not limited.
+    NoRule,
+    /// The rule says `unlimited: true`.
+    Unlimited,
+    /// Within the limit.
+    WithinLimit,
+    /// Over the limit.
+    OverLimit,
+    /// The cost exceeds the limit's capacity: it can never pass.
+    CostExceedsCapacity,
+    /// The rule's key table is full of active keys (memory bound, seed §3).
+    KeyTableFull,
+}
+
+/// The limit that applied to a descriptor, as configured (Envoy's `current_limit`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LimitInfo {
+    /// Index of the rule in its domain's [`DomainConfig::rules`] of the snapshot that decided.
+    pub rule_index: u32,
+    /// `requests_per_unit`.
+    pub requests_per_unit: u64,
+    /// `unit`.
+    pub unit: Unit,
+    /// `unit_multiplier`.
+    pub unit_multiplier: u64,
+    /// The algorithm.
+    pub algorithm: AlgorithmKind,
+    /// Capacity in whole tokens (burst for buckets, L for windows).
+    pub capacity: u64,
+}
+
+/// One descriptor's answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DescriptorStatus {
+    /// OK or OVER_LIMIT. A shadow rule's would-be denial is OK with `shadow_over_limit`.
+    pub code: Code,
+    /// Why.
+    pub reason: Reason,
+    /// The limit, or `None` when no limit applies (no rule, or unlimited).
+    pub limit: Option<LimitInfo>,
+    /// Index of the matched rule even when unlimited; `None` when no rule matched.
+    pub rule_index: Option<u32>,
+    /// Whole tokens left after this request (floor); as before it when nothing was spent.
+    pub remaining: u64,
+    /// Nanoseconds until this limit fully resets.
+    pub reset_after: Nanos,
+    /// When this descriptor alone would let the request pass.
+    pub retry_after: RetryAfter,
+    /// A shadow rule would have denied.
+    pub shadow_over_limit: bool,
+    /// The rule is in shadow mode.
+    pub shadow_mode: bool,
+}
+
+impl DescriptorStatus {
+    fn unlimited(reason: Reason, rule_index: Option<u32>) -> Self {
+        DescriptorStatus {
+            code: Code::Ok,
+            reason,
+            limit: None,
+            rule_index,
+            remaining: 0,
+            reset_after: 0,
+            retry_after: RetryAfter::Now,
+            shadow_over_limit: false,
+            shadow_mode: false,
+        }
+    }
+}
+
+/// The whole request's answer; per-descriptor statuses go to the caller's buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Outcome {
+    /// OVER_LIMIT when any enforced descriptor is over its limit.
+    pub code: Code,
+    /// On OVER_LIMIT: the wait until this same request would pass with no other traffic
+    /// (the longest of its descriptors' waits; [`RetryAfter::Never`] when it never can).
+    /// [`RetryAfter::Now`] on OK.
+    pub retry_after: RetryAfter,
+    /// The config version that decided.
+    pub policy_version: u64,
+}
+
+/// A domain of a snapshot with its rules' key tables.
+#[derive(Debug)]
+pub struct SnapshotDomain {
+    /// The validated config.
+    pub config: DomainConfig,
+    tables: Vec<Arc<KeyTable>>,
+}
+
+impl SnapshotDomain {
+    /// The key table of rule `i`.
+    pub fn table(&self, i: usize) -> &Arc<KeyTable> {
+        &self.tables[i]
+    }
+}
+
+/// An immutable config version.
+#[derive(Debug)]
+pub struct Snapshot {
+    /// Increases by one with every applied config, from 1.
+    pub version: u64,
+    /// When it took effect, in ns; state changes of this version start here.
+    pub activated_at: Nanos,
+    domains: Map<String, SnapshotDomain>,
+}
+
+impl Snapshot {
+    /// The domain named `name`.
+    pub fn domain(&self, name: &str) -> Option<&SnapshotDomain> {
+        self.domains.get(name)
+    }
+
+    /// All domains.
+    pub fn domains(&self) -> impl Iterator<Item = &SnapshotDomain> {
+        self.domains.values()
+    }
+}
+
+/// The keyed limiter. Cheap to share (`Arc<Limiter>`); every method takes `&self`.
+#[derive(Debug)]
+pub struct Limiter {
+    current: ArcSwap<Snapshot>,
+    /// Key tables by rule id across versions; only touched when a config is applied.
+    tables: Mutex<Map<String, Arc<KeyTable>>>,
+}
+
+enum Target<'s> {
+    NoRule,
+    Unlimited(u32),
+    Limited(Item<'s>),
+}
+
+struct Item<'s> {
+    rule: &'s Rule,
+    rule_index: u32,
+    cost: Micros,
+    slot: Option<Arc<Slot>>,
+    params: LimitParams,
+}
+
+/// Most lock attempts before a request gives up racing eviction (it then retries from lookup).
+const MAX_RETRIES: usize = 8;
+
+impl Limiter {
+    /// A limiter deciding with `config` from `now` on.
+    pub fn new(config: ConfigSet, now: Nanos) -> Self {
+        let l = Limiter {
+            current: ArcSwap::from_pointee(Snapshot {
+                version: 0,
+                activated_at: now,
+                domains: Map::default(),
+            }),
+            tables: Mutex::new(Map::default()),
+        };
+        l.apply(config, now);
+        l
+    }
+
+    /// Makes `config` the current version at `now`; returns its version number. State of rules
+    /// with the same id (same key shape) carries over; other state is dropped.
+    pub fn apply(&self, config: ConfigSet, now: Nanos) -> u64 {
+        let mut tables = self.tables.lock();
+        let old = self.current.load();
+        let version = old.version + 1;
+        let mut next: Map<String, Arc<KeyTable>> = Map::default();
+        let mut domains = Map::default();
+        for d in config.domains() {
+            let mut ts = Vec::with_capacity(d.rules.len());
+            for r in &d.rules {
+                let t = tables
+                    .get(&r.id)
+                    .cloned()
+                    .unwrap_or_else(|| Arc::new(KeyTable::new(r.max_keys)));
+                t.set_max_keys(r.max_keys);
+                next.insert(r.id.clone(), t.clone());
+                ts.push(t);
+            }
+            domains.insert(
+                d.domain.clone(),
+                SnapshotDomain {
+                    config: d.clone(),
+                    tables: ts,
+                },
+            );
+        }
+        *tables = next;
+        self.current.store(Arc::new(Snapshot {
+            version,
+            activated_at: now,
+            domains,
+        }));
+        version
+    }
+
+    /// The current snapshot.
+    pub fn snapshot(&self) -> Arc<Snapshot> {
+        self.current.load_full()
+    }
+
+    /// Decides `req` at `now`, writing one status per descriptor into `statuses` (cleared first;
+    /// reuse the buffer and the hot path allocates nothing once every key exists).
+    ///
+    /// # Errors
+    /// [`RequestError`] for an invalid request or unknown domain; nothing is spent then.
+    pub fn decide(
+        &self,
+        req: &Request<'_>,
+        now: Nanos,
+        statuses: &mut Vec<DescriptorStatus>,
+    ) -> Result<Outcome, RequestError> {
+        req.validate()?;
+        statuses.clear();
+        let snap = self.current.load();
+        let dom = snap
+            .domains
+            .get(req.domain)
+            .ok_or_else(|| RequestError::UnknownDomain(req.domain.to_string()))?;
+        for _ in 0..MAX_RETRIES {
+            if let Some(outcome) = self.try_decide(&snap, dom, req, now, statuses) {
+                return Ok(outcome);
+            }
+            statuses.clear();
+        }
+        // Eviction raced us every time (a table at its cap churning): deny conservatively.
+        statuses.clear();
+        for _ in req.descriptors {
+            let mut s = DescriptorStatus::unlimited(Reason::KeyTableFull, None);
+            s.code = Code::OverLimit;
+            s.retry_after = RetryAfter::After(TABLE_FULL_RETRY_NS);
+            statuses.push(s);
+        }
+        Ok(Outcome {
+            code: Code::OverLimit,
+            retry_after: RetryAfter::After(TABLE_FULL_RETRY_NS),
+            policy_version: snap.version,
+        })
+    }
+
+    /// One attempt; `None` when a slot was evicted under us and the lookup must be redone.
+    fn try_decide(
+        &self,
+        snap: &Snapshot,
+        dom: &SnapshotDomain,
+        req: &Request<'_>,
+        now: Nanos,
+        statuses: &mut Vec<DescriptorStatus>,
+    ) -> Option<Outcome> {
+        let mut items: ArrayVec<Target<'_>, MAX_DESCRIPTORS> = ArrayVec::new();
+        for (i, d) in req.descriptors.iter().enumerate() {
+            let entries = d.entries;
+            let matched = dom
+                .config
+                .match_rule(entries.iter().map(|e| (e.key, e.value)));
+            let Some(ri) = matched else {
+                items.push(Target::NoRule);
+                continue;
+            };
+            let rule = &dom.config.rules[ri];
+            let RuleLimit::Limited { params, .. } = rule.limit else {
+                items.push(Target::Unlimited(ri as u32));
+                continue;
+            };
+            let table = &dom.tables[ri];
+            let slot = match table.slot(entries, table.hash(entries), &params, now) {
+                Ok(s) => Some(s),
+                Err(TableFull { .. }) => None,
+            };
+            items.push(Target::Limited(Item {
+                rule,
+                rule_index: ri as u32,
+                cost: tokens_to_micros(req.cost_tokens(i)),
+                slot,
+                params,
+            }));
+        }
+
+        // Lock each distinct slot once, in address order.
+        let mut order: ArrayVec<(usize, usize), MAX_DESCRIPTORS> = ArrayVec::new();
+        for (i, it) in items.iter().enumerate() {
+            if let Target::Limited(Item { slot: Some(s), .. }) = it {
+                order.push((Arc::as_ptr(s) as usize, i));
+            }
+        }
+        order.sort_unstable();
+        // (slot address, first item using it, guard)
+        let mut guards: ArrayVec<(usize, usize, MutexGuard<'_, SlotState>), MAX_DESCRIPTORS> =
+            ArrayVec::new();
+        for &(addr, i) in &order {
+            if guards.last().is_some_and(|(a, _, _)| *a == addr) {
+                continue;
+            }
+            let Target::Limited(Item { slot: Some(s), .. }) = &items[i] else {
+                continue;
+            };
+            let g = s.state.lock();
+            if g.evicted {
+                return None;
+            }
+            guards.push((addr, i, g));
+        }
+        let guard_of = |addr: usize| guards.binary_search_by_key(&addr, |(a, _, _)| *a).ok();
+
+        // Transition state to this version's parameters and total the cost per slot.
+        let mut totals: ArrayVec<Micros, MAX_DESCRIPTORS> = ArrayVec::new();
+        totals.extend(std::iter::repeat_n(0, guards.len()));
+        let mut slot_of: ArrayVec<Option<usize>, MAX_DESCRIPTORS> = ArrayVec::new();
+        for it in items.iter() {
+            let g = match it {
+                Target::Limited(it @ Item { slot: Some(s), .. }) => {
+                    let gi = guard_of(Arc::as_ptr(s) as usize);
+                    if let Some(gi) = gi {
+                        totals[gi] = totals[gi].saturating_add(it.cost);
+                    }
+                    gi
+                }
+                _ => None,
+            };
+            slot_of.push(g);
+        }
+        for (_, first, g) in guards.iter_mut() {
+            let Target::Limited(it) = &items[*first] else {
+                continue;
+            };
+            if g.params != it.params {
+                let st = std::mem::replace(&mut g.state, it.params.initial_state(now));
+                g.state = it.params.transition_from(&g.params, st, snap.activated_at);
+                g.params = it.params;
+            }
+        }
+
+        // Check every limit.
+        let mut decisions: ArrayVec<Decision, MAX_DESCRIPTORS> = ArrayVec::new();
+        for (gi, (_, _, g)) in guards.iter_mut().enumerate() {
+            let params = g.params;
+            decisions.push(params.check(&mut g.state, now, totals[gi]));
+        }
+        let mut code = Code::Ok;
+        let mut retry = RetryAfter::Now;
+        for (i, it) in items.iter().enumerate() {
+            let Target::Limited(it) = it else { continue };
+            if it.rule.shadow_mode {
+                continue;
+            }
+            let (allowed, wait) = match slot_of[i] {
+                Some(gi) => (decisions[gi].allowed, decisions[gi].retry_after),
+                None => (false, RetryAfter::After(TABLE_FULL_RETRY_NS)),
+            };
+            retry = retry.max(wait);
+            if !allowed {
+                code = Code::OverLimit;
+            }
+        }
+
+        // Spend all or nothing; shadow would-be denials spend nothing either way.
+        if code == Code::Ok {
+            for (gi, (_, _, g)) in guards.iter_mut().enumerate() {
+                if decisions[gi].allowed {
+                    let params = g.params;
+                    params.spend(&mut g.state, now, totals[gi]);
+                }
+            }
+        } else {
+            // Nothing was spent: report the unspent view of the limits that would have allowed.
+            for (gi, (_, _, g)) in guards.iter_mut().enumerate() {
+                if decisions[gi].allowed {
+                    let params = g.params;
+                    decisions[gi] = params.check(&mut g.state, now, 0);
+                }
+            }
+        }
+        drop(guards);
+
+        for (i, it) in items.iter().enumerate() {
+            let it = match it {
+                Target::NoRule => {
+                    statuses.push(DescriptorStatus::unlimited(Reason::NoRule, None));
+                    continue;
+                }
+                Target::Unlimited(ri) => {
+                    statuses.push(DescriptorStatus::unlimited(Reason::Unlimited, Some(*ri)));
+                    continue;
+                }
+                Target::Limited(it) => it,
+            };
+            let RuleLimit::Limited {
+                requests_per_unit,
+                unit,
+                unit_multiplier,
+                ..
+            } = it.rule.limit
+            else {
+                continue;
+            };
+            let info = LimitInfo {
+                rule_index: it.rule_index,
+                requests_per_unit,
+                unit,
+                unit_multiplier,
+                algorithm: it.params.kind(),
+                capacity: it.params.capacity() / MICROS_PER_TOKEN,
+            };
+            let shadow = it.rule.shadow_mode;
+            let status = match slot_of[i] {
+                Some(gi) => {
+                    let dec = decisions[gi];
+                    let reason = match (dec.allowed, dec.retry_after) {
+                        (true, _) => Reason::WithinLimit,
+                        (false, RetryAfter::Never) => Reason::CostExceedsCapacity,
+                        (false, _) => Reason::OverLimit,
+                    };
+                    DescriptorStatus {
+                        code: if dec.allowed || shadow {
+                            Code::Ok
+                        } else {
+                            Code::OverLimit
+                        },
+                        reason,
+                        limit: Some(info),
+                        rule_index: Some(it.rule_index),
+                        remaining: dec.remaining_tokens(),
+                        reset_after: dec.reset_after,
+                        retry_after: dec.retry_after,
+                        shadow_over_limit: shadow && !dec.allowed,
+                        shadow_mode: shadow,
+                    }
+                }
+                None => DescriptorStatus {
+                    code: if shadow { Code::Ok } else { Code::OverLimit },
+                    reason: Reason::KeyTableFull,
+                    limit: Some(info),
+                    rule_index: Some(it.rule_index),
+                    remaining: 0,
+                    reset_after: 0,
+                    retry_after: RetryAfter::After(TABLE_FULL_RETRY_NS),
+                    shadow_over_limit: shadow,
+                    shadow_mode: shadow,
+                },
+            };
+            statuses.push(status);
+        }
+        Some(Outcome {
+            code,
+            retry_after: if code == Code::Ok {
+                RetryAfter::Now
+            } else {
+                retry
+            },
+            policy_version: snap.version,
+        })
+    }
+}

@@ -1,0 +1,125 @@
+//! Exact units used on the decision path (seed §8: fixed-point tokens, integer time).
+//!
+//! * Tokens are counted in **microtokens** (`u64`): one whole token (one request of cost 1)
+//!   is [`MICROS_PER_TOKEN`] microtokens.
+//! * Time is counted in **nanoseconds** (`u64`) from the origin of the [`Clock`](crate::clock::Clock)
+//!   in use; windows are aligned to that origin.
+//!
+//! Every conversion here saturates instead of wrapping: a saturated value is always on the
+//! conservative side of the decision that uses it.
+
+/// Nanoseconds from a clock origin.
+pub type Nanos = u64;
+
+/// Microtokens: 1 token = 1_000_000 microtokens.
+pub type Micros = u64;
+
+/// Microtokens in one whole token.
+pub const MICROS_PER_TOKEN: u64 = 1_000_000;
+
+/// Nanoseconds in one millisecond.
+pub const NANOS_PER_MILLI: u64 = 1_000_000;
+
+/// Nanoseconds in one second.
+pub const NANOS_PER_SEC: u64 = 1_000_000_000;
+
+/// Largest token count a limit may be configured with (capacity, burst or limit): 10^12 tokens.
+///
+/// Chosen so that every product the algorithms form (`capacity_micros × period_ns`,
+/// `time_ns × rate_micros`) stays below `u128::MAX` with a wide margin.
+pub const MAX_TOKENS: u64 = 1_000_000_000_000;
+
+/// Longest period a limit may be configured with: 400 days in nanoseconds.
+pub const MAX_PERIOD_NS: u64 = 400 * 86_400 * NANOS_PER_SEC;
+
+/// Whole tokens → microtokens, saturating at `u64::MAX` (a saturated cost exceeds every capacity).
+#[inline]
+pub fn tokens_to_micros(tokens: u64) -> Micros {
+    tokens.saturating_mul(MICROS_PER_TOKEN)
+}
+
+/// Microtokens → whole tokens, rounded down (what `limit_remaining` reports).
+#[inline]
+pub fn micros_to_tokens_floor(micros: Micros) -> u64 {
+    micros / MICROS_PER_TOKEN
+}
+
+/// Nanoseconds → milliseconds, rounded up (a wait is never reported shorter than it is).
+#[inline]
+pub fn nanos_to_millis_ceil(ns: Nanos) -> u64 {
+    ns.div_ceil(NANOS_PER_MILLI)
+}
+
+/// Nanoseconds → whole seconds for an HTTP `Retry-After` (RFC 9110 §10.2.3): rounded up, at least 1.
+#[inline]
+pub fn nanos_to_retry_after_secs(ns: Nanos) -> u64 {
+    ns.div_ceil(NANOS_PER_SEC).max(1)
+}
+
+/// Milliseconds → nanoseconds, saturating.
+#[inline]
+pub fn millis_to_nanos(ms: u64) -> Nanos {
+    ms.saturating_mul(NANOS_PER_MILLI)
+}
+
+/// `ceil(a / b)` on `u128`, for `b > 0`.
+#[inline]
+pub(crate) fn div_ceil_u128(a: u128, b: u128) -> u128 {
+    debug_assert!(b > 0);
+    a.div_ceil(b)
+}
+
+/// Narrows a `u128` to `u64`, saturating.
+#[inline]
+pub(crate) fn sat_u64(v: u128) -> u64 {
+    u64::try_from(v).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn conversions_saturate_instead_of_overflowing() {
+        assert_eq!(tokens_to_micros(u64::MAX), u64::MAX);
+        assert_eq!(tokens_to_micros(u32::MAX as u64), 4_294_967_295_000_000);
+        assert_eq!(millis_to_nanos(u64::MAX), u64::MAX);
+        assert_eq!(sat_u64(u128::MAX), u64::MAX);
+    }
+
+    #[test]
+    fn retry_after_rounds_up_and_is_at_least_one_second() {
+        assert_eq!(nanos_to_retry_after_secs(0), 1);
+        assert_eq!(nanos_to_retry_after_secs(1), 1);
+        assert_eq!(nanos_to_retry_after_secs(NANOS_PER_SEC), 1);
+        assert_eq!(nanos_to_retry_after_secs(NANOS_PER_SEC + 1), 2);
+        assert_eq!(nanos_to_retry_after_secs(4_500_000_000), 5);
+        assert_eq!(
+            nanos_to_retry_after_secs(u64::MAX),
+            u64::MAX.div_ceil(NANOS_PER_SEC)
+        );
+    }
+
+    #[test]
+    fn millis_round_up() {
+        assert_eq!(nanos_to_millis_ceil(0), 0);
+        assert_eq!(nanos_to_millis_ceil(1), 1);
+        assert_eq!(nanos_to_millis_ceil(NANOS_PER_MILLI), 1);
+        assert_eq!(
+            nanos_to_millis_ceil(u64::MAX),
+            u64::MAX.div_ceil(NANOS_PER_MILLI)
+        );
+    }
+
+    #[test]
+    fn extreme_products_fit_in_u128() {
+        // capacity × period and time × rate, the two largest products the algorithms form.
+        let cap = tokens_to_micros(MAX_TOKENS) as u128;
+        assert!(cap.checked_mul(MAX_PERIOD_NS as u128).is_some());
+        assert!((u64::MAX as u128).checked_mul(cap).is_some());
+        assert!((u64::MAX as u128)
+            .checked_mul(cap)
+            .and_then(|v| v.checked_add(cap * MAX_PERIOD_NS as u128))
+            .is_some());
+    }
+}
