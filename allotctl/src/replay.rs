@@ -80,7 +80,7 @@ pub struct Summary {
     pub invalid: u64,
     /// Config switches applied.
     pub config_changes: u64,
-    /// Per limit, keyed `domain/limit name`.
+    /// Per limit, keyed by the limit's name (`rate_limit.name`, else its id `domain|key=value…`).
     pub limits: BTreeMap<String, LimitCounts>,
 }
 
@@ -221,10 +221,7 @@ pub fn run(config: &Path, trace: &Path, out: &mut dyn Write) -> Result<Summary> 
                 .rule_index
                 .and_then(|i| dom.map(|d| d.config.rules[i as usize].name.as_str()));
             if let (Some(_), Some(name)) = (s.limit, name) {
-                let c = summary
-                    .limits
-                    .entry(format!("{}/{}", owned.domain, name))
-                    .or_default();
+                let c = summary.limits.entry(name.to_string()).or_default();
                 match (outcome.code, s.code) {
                     (Code::Ok, _) => c.allowed += 1,
                     (Code::OverLimit, Code::OverLimit) => c.denied += 1,

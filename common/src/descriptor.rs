@@ -13,6 +13,9 @@ pub const MAX_ENTRIES: usize = 16;
 pub const MAX_DESCRIPTORS: usize = 32;
 /// Longest key, value or domain, in bytes.
 pub const MAX_PART_BYTES: usize = 1024;
+/// Longest canonical key of one descriptor, in bytes (bounds memory per key: with the default
+/// `max_keys` a rule's keys take at most about 400 MB even when every key is this long).
+pub const MAX_KEY_BYTES: usize = 4096;
 /// Largest cost (hits) one descriptor may ask for, in whole tokens: Envoy's `uint32 hits_addend`.
 pub const MAX_COST_TOKENS: u64 = u32::MAX as u64;
 
@@ -157,6 +160,13 @@ impl<'a> Request<'a> {
                     descriptor: i,
                     got: d.entries.len(),
                     max: MAX_ENTRIES,
+                });
+            }
+            if encoded_len(d.entries) > MAX_KEY_BYTES {
+                return Err(RequestError::TooLong {
+                    what: format!("descriptors[{i}] (all keys and values)"),
+                    got: encoded_len(d.entries),
+                    max: MAX_KEY_BYTES,
                 });
             }
             if let Some(h) = d.hits_addend {

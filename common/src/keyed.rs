@@ -185,6 +185,24 @@ impl KeyTable {
         removed
     }
 
+    /// Moves every key's state to `params` as of `at` (seed §28), so a later config change
+    /// cannot skip this version's period. Keys created concurrently under the old version are
+    /// transitioned lazily by the limiter on their next decision.
+    pub fn transition_all(&self, params: &LimitParams, at: Nanos) {
+        for shard in self.shards.iter() {
+            for slot in shard.read().iter() {
+                let mut g = slot.state.lock();
+                if g.evicted || g.params == *params {
+                    continue;
+                }
+                let old = g.params;
+                let st = std::mem::replace(&mut g.state, params.initial_state(at));
+                g.state = params.transition_from(&old, st, at);
+                g.params = *params;
+            }
+        }
+    }
+
     /// Every key and its state, for status pages and tests (takes each shard's read lock).
     pub fn for_each(&self, mut f: impl FnMut(&[u8], &SlotState)) {
         for shard in self.shards.iter() {

@@ -66,7 +66,23 @@ pub fn millis_to_nanos(ms: u64) -> Nanos {
 #[inline]
 pub(crate) fn div_ceil_u128(a: u128, b: u128) -> u128 {
     debug_assert!(b > 0);
-    a.div_ceil(b)
+    // Same quotient either way; a 64-bit division is inlined where a 128-bit one is a call.
+    if (a | b) >> 64 == 0 {
+        (a as u64).div_ceil(b as u64) as u128
+    } else {
+        a.div_ceil(b)
+    }
+}
+
+/// `a / b` (rounded down), exact; `b` must be > 0. Uses a 64-bit division when both fit.
+#[inline]
+pub(crate) fn div_u128(a: u128, b: u128) -> u128 {
+    debug_assert!(b > 0);
+    if (a | b) >> 64 == 0 {
+        (a as u64 / b as u64) as u128
+    } else {
+        a / b
+    }
 }
 
 /// Narrows a `u128` to `u64`, saturating.

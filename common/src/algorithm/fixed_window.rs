@@ -12,7 +12,7 @@ use crate::units::{Micros, Nanos};
 pub struct FixedWindow(pub WindowParams);
 
 /// Per-key state of [`FixedWindow`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct FixedWindowState {
     /// Start of the window `used` belongs to, in ns (a multiple of the period).
     pub(crate) start: Nanos,
@@ -35,17 +35,12 @@ impl FixedWindow {
         t - t % self.0.period_ns
     }
 
-    /// End of the window containing `start`, saturating.
-    #[inline]
-    fn end(&self, start: Nanos) -> Nanos {
-        start.saturating_add(self.0.period_ns)
-    }
-
     #[inline]
     fn advance(&self, state: &mut FixedWindowState, now: Nanos) -> Nanos {
         state.last = state.last.max(now);
         let t = state.last;
-        if t >= self.end(state.start) {
+        // Compared as an elapsed time: `start + period` may not fit in u64 near the end of time.
+        if t - state.start >= self.0.period_ns {
             state.start = self.align(t);
             state.used = 0;
         }
@@ -73,7 +68,7 @@ impl RateAlgorithm for FixedWindow {
     fn check(&self, state: &mut FixedWindowState, now: Nanos, cost: Micros) -> Decision {
         let t = self.advance(state, now);
         let limit = self.0.limit;
-        let reset_after = self.end(state.start) - t;
+        let reset_after = self.0.period_ns - (t - state.start);
         let left = limit.saturating_sub(state.used);
         if cost > limit {
             return Decision {
@@ -108,7 +103,7 @@ impl RateAlgorithm for FixedWindow {
     }
 
     fn is_idle(&self, state: &FixedWindowState, now: Nanos) -> bool {
-        state.used == 0 || state.last.max(now) >= self.end(state.start)
+        state.used == 0 || state.last.max(now) - state.start >= self.0.period_ns
     }
 
     fn capacity(&self) -> Micros {

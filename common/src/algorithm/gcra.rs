@@ -22,7 +22,7 @@ pub struct Gcra {
 }
 
 /// Per-key state of [`Gcra`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct GcraState {
     /// Theoretical arrival time in scaled units (ns × `rate.micros`).
     pub(crate) tat: u128,
@@ -77,6 +77,17 @@ impl RateAlgorithm for Gcra {
     fn spend(&self, state: &mut GcraState, now: Nanos, cost: Micros) {
         let (_, t) = self.level(state, now);
         state.tat = state.tat.max(t) + cost as u128 * self.rate.per_ns as u128;
+    }
+
+    /// `check` then `spend` with the level computed once (same result as the default).
+    #[inline]
+    fn decide(&self, state: &mut GcraState, now: Nanos, cost: Micros) -> Decision {
+        let (level, t) = self.level(state, now);
+        let d = bucket_decision(level, self.capacity, self.rate, cost);
+        if d.allowed {
+            state.tat = state.tat.max(t) + cost as u128 * self.rate.per_ns as u128;
+        }
+        d
     }
 
     fn is_idle(&self, state: &GcraState, now: Nanos) -> bool {

@@ -7,7 +7,7 @@ use std::fmt;
 ///
 /// Kept as a ratio (never divided out) so that rates like 3 per second or 7 per minute accumulate
 /// no rounding error however many small steps time advances in (seed §8).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct Rate {
     /// Microtokens added per period; > 0.
     pub micros: u64,
@@ -16,7 +16,7 @@ pub struct Rate {
 }
 
 /// A windowed limit: at most `limit` microtokens per `period_ns`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct WindowParams {
     /// L in microtokens; > 0.
     pub limit: Micros,
@@ -25,7 +25,7 @@ pub struct WindowParams {
 }
 
 /// Which algorithm a limit uses (the `algorithm` field of a rule).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum AlgorithmKind {
     /// Token bucket with lazy refill (seed §8).
     TokenBucket,
@@ -78,7 +78,7 @@ impl fmt::Display for AlgorithmKind {
 }
 
 /// The parameters of one limit, fully validated.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum LimitParams {
     /// Capacity B (microtokens) refilled at `rate`.
     TokenBucket {

@@ -19,7 +19,7 @@ pub struct Shaper {
 }
 
 /// Per-key state of a [`Shaper`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ShaperState {
     /// When the queue drains, in ns × `rate.micros`.
     drained_at: u128,

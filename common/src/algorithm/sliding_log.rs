@@ -14,7 +14,7 @@ use std::collections::VecDeque;
 pub struct SlidingLog(pub WindowParams);
 
 /// Per-key state of [`SlidingLog`]: admitted (time, cost) events, oldest first.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct SlidingLogState {
     pub(crate) events: VecDeque<(Nanos, Micros)>,
     /// Sum of the costs in `events`.
@@ -36,17 +36,18 @@ impl SlidingLogState {
 }
 
 impl SlidingLog {
-    /// Time at which an event at `e` leaves the window.
+    /// Nanoseconds from `t` until an event at `e ≤ t` still in the window leaves it.
     #[inline]
-    fn leaves_at(&self, e: Nanos) -> Nanos {
-        e.saturating_add(self.0.period_ns)
+    fn left_in(&self, e: Nanos, t: Nanos) -> Nanos {
+        self.0.period_ns - (t - e)
     }
 
     fn advance(&self, s: &mut SlidingLogState, now: Nanos) -> Nanos {
         s.last = s.last.max(now);
         let t = s.last;
         while let Some(&(e, c)) = s.events.front() {
-            if self.leaves_at(e) > t {
+            // Elapsed since the event, so `e + P` beyond u64 still compares exactly.
+            if t - e < self.0.period_ns {
                 break;
             }
             s.events.pop_front();
@@ -70,7 +71,7 @@ impl RateAlgorithm for SlidingLog {
     fn check(&self, s: &mut SlidingLogState, now: Nanos, cost: Micros) -> Decision {
         let t = self.advance(s, now);
         let limit = self.0.limit as u128;
-        let reset_after = s.events.back().map_or(0, |&(e, _)| self.leaves_at(e) - t);
+        let reset_after = s.events.back().map_or(0, |&(e, _)| self.left_in(e, t));
         let left = |sum: u128| u64::try_from(limit.saturating_sub(sum)).unwrap_or(u64::MAX);
         if cost as u128 > limit {
             return Decision {
@@ -80,7 +81,8 @@ impl RateAlgorithm for SlidingLog {
                 retry_after: RetryAfter::Never,
             };
         }
-        if s.sum + cost as u128 <= limit {
+        // A cost of 0 is a status query: always allowed, even above a lowered limit (§28).
+        if cost == 0 || s.sum + cost as u128 <= limit {
             return Decision {
                 allowed: true,
                 remaining_micros: left(s.sum + cost as u128),
@@ -98,7 +100,7 @@ impl RateAlgorithm for SlidingLog {
         for &(e, c) in &s.events {
             freed += c as u128;
             if s.sum - freed + cost as u128 <= limit {
-                wait = self.leaves_at(e) - t;
+                wait = self.left_in(e, t);
                 break;
             }
         }
@@ -124,7 +126,7 @@ impl RateAlgorithm for SlidingLog {
 
     fn is_idle(&self, s: &SlidingLogState, now: Nanos) -> bool {
         let t = s.last.max(now);
-        s.events.iter().all(|&(e, _)| self.leaves_at(e) <= t)
+        s.events.iter().all(|&(e, _)| t - e >= self.0.period_ns)
     }
 
     fn capacity(&self) -> Micros {

@@ -12,7 +12,7 @@ use crate::units::{sat_u64, Micros, Nanos};
 pub struct SlidingWindow(pub WindowParams);
 
 /// Per-key state of [`SlidingWindow`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct SlidingWindowState {
     /// Start of the current aligned window, in ns.
     pub(crate) start: Nanos,
@@ -30,15 +30,16 @@ impl SlidingWindow {
         let p = self.0.period_ns;
         s.last = s.last.max(now);
         let t = s.last;
-        let next = s.start.saturating_add(p);
-        if t >= next.saturating_add(p) {
+        // Compared as elapsed time: `start + 2P` may not fit in u64 near the end of time.
+        let e = t - s.start;
+        if e >= p.saturating_mul(2) {
             s.prev = 0;
             s.cur = 0;
             s.start = t - t % p;
-        } else if t >= next {
+        } else if e >= p {
             s.prev = s.cur;
             s.cur = 0;
-            s.start = next;
+            s.start += p;
         }
         t
     }
@@ -92,11 +93,14 @@ impl RateAlgorithm for SlidingWindow {
         let est = self.estimate_scaled(s, e);
         let lim = limit as u128 * p128;
         let need = cost as u128 * p128;
-        let window_end = s.start.saturating_add(p);
+        // Until the current window ends (exact, even where its end does not fit in u64).
+        let to_end = p - e;
+        // Once something is counted in the current window, it fades out one period after it.
+        let reset_cur = to_end.saturating_add(p);
         let reset_after = if s.cur > 0 {
-            window_end.saturating_add(p) - t
+            reset_cur
         } else if s.prev > 0 {
-            window_end - t
+            to_end
         } else {
             0
         };
@@ -109,11 +113,12 @@ impl RateAlgorithm for SlidingWindow {
                 retry_after: RetryAfter::Never,
             };
         }
-        if est + need <= lim {
+        // A cost of 0 is a status query: always allowed, even above a lowered limit (§28).
+        if cost == 0 || est + need <= lim {
             return Decision {
                 allowed: true,
                 remaining_micros: remaining(est + need),
-                reset_after,
+                reset_after: if cost > 0 { reset_cur } else { reset_after },
                 retry_after: RetryAfter::Now,
             };
         }
@@ -129,7 +134,7 @@ impl RateAlgorithm for SlidingWindow {
             Some(e2) => e2 - e,
             None => {
                 let e3 = self.first_fit(s.cur, (limit - cost) as u128).unwrap_or(0);
-                (window_end - t).saturating_add(e3)
+                to_end.saturating_add(e3)
             }
         };
         Decision {

@@ -8,7 +8,7 @@ use crate::decision::Decision;
 use crate::units::{Micros, Nanos};
 
 /// The state of one key under whichever algorithm its limit uses.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum LimitState {
     /// See [`TokenBucket`].
     TokenBucket(TokenBucketState),
@@ -221,6 +221,45 @@ impl LimitParams {
                 state
             }
             _ => self.initial_state(at),
+        }
+    }
+}
+
+impl LimitParams {
+    /// Returns `micros` that were spent at `spent_at` but turned out unused (a released lease,
+    /// a settled reservation; seed §24). Never lifts a bucket above capacity; a window only gets
+    /// them back while the window they were spent in is still counted; a log is left as is
+    /// (logs are never leased).
+    pub fn refund(&self, state: &mut LimitState, now: Nanos, micros: Micros, spent_at: Nanos) {
+        match (self, state) {
+            (LimitParams::TokenBucket { capacity, rate }, LimitState::TokenBucket(s)) => {
+                TokenBucket {
+                    capacity: *capacity,
+                    rate: *rate,
+                }
+                .refund(s, now, micros)
+            }
+            (LimitParams::Gcra { rate, .. }, LimitState::Gcra(s)) => {
+                // TAT ≥ now keeps the tokens at or below capacity.
+                s.last = s.last.max(now);
+                let t = s.last as u128 * rate.micros as u128;
+                let back = micros as u128 * rate.per_ns as u128;
+                s.tat = s.tat.saturating_sub(back).max(t);
+            }
+            (LimitParams::FixedWindow(w), LimitState::FixedWindow(s)) => {
+                if s.start == spent_at - spent_at % w.period_ns {
+                    s.used = s.used.saturating_sub(micros);
+                }
+            }
+            (LimitParams::SlidingWindow(w), LimitState::SlidingWindow(s)) => {
+                let start = spent_at - spent_at % w.period_ns;
+                if s.start == start {
+                    s.cur = s.cur.saturating_sub(micros);
+                } else if s.start == start.saturating_add(w.period_ns) {
+                    s.prev = s.prev.saturating_sub(micros);
+                }
+            }
+            _ => {}
         }
     }
 }

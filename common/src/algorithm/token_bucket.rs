@@ -2,7 +2,7 @@
 
 use super::{Rate, RateAlgorithm};
 use crate::decision::{Decision, RetryAfter};
-use crate::units::{div_ceil_u128, sat_u64, Micros, Nanos};
+use crate::units::{div_ceil_u128, div_u128, sat_u64, Micros, Nanos};
 
 /// A token bucket of capacity B refilled at rate r.
 ///
@@ -18,7 +18,7 @@ pub struct TokenBucket {
 }
 
 /// Per-key state of a [`TokenBucket`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct TokenBucketState {
     /// Tokens × `rate.per_ns`, in microtokens × ns-per-period (≤ capacity × per_ns).
     pub(crate) level: u128,
@@ -88,7 +88,7 @@ pub(crate) fn bucket_decision(level: u128, capacity: Micros, rate: Rate, cost: M
     if cost > capacity {
         return Decision {
             allowed: false,
-            remaining_micros: sat_u64(level / per),
+            remaining_micros: sat_u64(div_u128(level, per)),
             reset_after: until_full(level),
             retry_after: RetryAfter::Never,
         };
@@ -97,14 +97,14 @@ pub(crate) fn bucket_decision(level: u128, capacity: Micros, rate: Rate, cost: M
         let after = level - need;
         Decision {
             allowed: true,
-            remaining_micros: sat_u64(after / per),
+            remaining_micros: sat_u64(div_u128(after, per)),
             reset_after: until_full(after),
             retry_after: RetryAfter::Now,
         }
     } else {
         Decision {
             allowed: false,
-            remaining_micros: sat_u64(level / per),
+            remaining_micros: sat_u64(div_u128(level, per)),
             reset_after: until_full(level),
             retry_after: RetryAfter::After(sat_u64(div_ceil_u128(need - level, r))),
         }
@@ -133,6 +133,19 @@ impl RateAlgorithm for TokenBucket {
         state.level = state
             .level
             .saturating_sub(cost as u128 * self.rate.per_ns as u128);
+    }
+
+    /// `check` then `spend` with one refill (same result as the default).
+    #[inline]
+    fn decide(&self, state: &mut TokenBucketState, now: Nanos, cost: Micros) -> Decision {
+        self.refill(state, now);
+        let d = bucket_decision(state.level, self.capacity, self.rate, cost);
+        if d.allowed {
+            state.level = state
+                .level
+                .saturating_sub(cost as u128 * self.rate.per_ns as u128);
+        }
+        d
     }
 
     fn is_idle(&self, state: &TokenBucketState, now: Nanos) -> bool {

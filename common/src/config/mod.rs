@@ -28,7 +28,7 @@ mod validate;
 pub use error::ConfigError;
 
 use crate::algorithm::LimitParams;
-use crate::units::NANOS_PER_SEC;
+use crate::units::{Micros, NANOS_PER_SEC};
 use hashbrown::HashMap;
 use std::path::{Path, PathBuf};
 
@@ -106,6 +106,48 @@ pub enum FailureMode {
     Emergency,
 }
 
+/// Calendar period of a quota, in UTC.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CalendarPeriod {
+    /// 00:00 UTC to 00:00 UTC.
+    Day,
+    /// The first of the month 00:00 UTC to the first of the next.
+    Month,
+}
+
+/// A calendar budget (e.g. 20 M units a month) that the allocator's grants also draw from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CalendarQuota {
+    /// Budget per period, in microtokens.
+    pub limit: Micros,
+    /// The period.
+    pub period: CalendarPeriod,
+}
+
+/// How the allocator leases a global limit (seed §21).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseSettings {
+    /// Lease length in milliseconds (default 5 000).
+    pub ttl_ms: u64,
+    /// Largest single grant, in microtokens (default: a quarter of the capacity, at least 1 token).
+    pub max_grant: Micros,
+    /// Maximum clock drift between allocator and agents in milliseconds (default 500): an
+    /// allocation is dead only at expires-at + this.
+    pub max_drift_ms: u64,
+}
+
+/// A region's share of a global limit (seed §20).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RegionShare {
+    /// Region name, e.g. `eu-west`.
+    pub region: String,
+    /// Share of rate and capacity in parts per million (1 000 000 = all).
+    pub share_ppm: u32,
+}
+
+/// Parts per million in a whole.
+pub const PPM: u32 = 1_000_000;
+
 /// The limit a rule applies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RuleLimit {
@@ -143,6 +185,12 @@ pub struct Rule {
     pub failure_mode: FailureMode,
     /// Distinct keys kept at once.
     pub max_keys: u64,
+    /// Calendar quota, when configured.
+    pub quota: Option<CalendarQuota>,
+    /// Lease settings for the allocator.
+    pub lease: LeaseSettings,
+    /// Regional shares; empty means every region draws from the one global bucket.
+    pub regions: Vec<RegionShare>,
     /// Config file it came from.
     pub source: PathBuf,
 }

@@ -50,6 +50,35 @@ pub(crate) struct RawRateLimit {
     pub scope: Option<Scalar>,
     pub failure_mode: Option<Scalar>,
     pub max_keys: Option<Scalar>,
+    pub quota: Option<RawQuota>,
+    pub lease: Option<RawLease>,
+    pub regions: Option<Vec<RawRegion>>,
+}
+
+/// `rate_limit.quota`: a calendar budget the allocator's grants also draw from.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawQuota {
+    pub limit: Option<Scalar>,
+    pub period: Option<Scalar>,
+}
+
+/// `rate_limit.lease`: how the allocator leases a global limit.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawLease {
+    pub ttl_ms: Option<Scalar>,
+    pub max_grant: Option<Scalar>,
+    pub max_drift_ms: Option<Scalar>,
+}
+
+/// One entry of `rate_limit.regions`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawRegion {
+    pub region: Option<Scalar>,
+    pub share: Option<Scalar>,
+    pub rate: Option<Scalar>,
 }
 
 /// An entry of Envoy's `replaces` list.

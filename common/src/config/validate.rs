@@ -2,12 +2,12 @@
 
 use super::raw::{RawDescriptor, RawDomain, RawRateLimit, Scalar};
 use super::{
-    Children, ConfigError, DomainConfig, FailureMode, Node, Rule, RuleLimit, Scope, Unit,
-    DEFAULT_MAX_KEYS, MAX_SLIDING_LOG_LIMIT,
+    CalendarPeriod, CalendarQuota, Children, ConfigError, DomainConfig, FailureMode, LeaseSettings,
+    Node, RegionShare, Rule, RuleLimit, Scope, Unit, DEFAULT_MAX_KEYS, MAX_SLIDING_LOG_LIMIT, PPM,
 };
 use crate::algorithm::{AlgorithmKind, LimitParams};
 use crate::descriptor::MAX_PART_BYTES;
-use crate::units::{MAX_PERIOD_NS, MAX_TOKENS};
+use crate::units::{tokens_to_micros, MAX_PERIOD_NS, MAX_TOKENS, MICROS_PER_TOKEN};
 use std::path::Path;
 
 /// Deepest descriptor nesting accepted (a request descriptor has at most this many entries).
@@ -273,7 +273,131 @@ fn rule(
             unit_multiplier: mult,
         }
     };
+    let capacity = match limit {
+        RuleLimit::Limited { params, .. } => params.capacity(),
+        RuleLimit::Unlimited => 0,
+    };
+    let rpu = match limit {
+        RuleLimit::Limited {
+            requests_per_unit, ..
+        } => requests_per_unit,
+        RuleLimit::Unlimited => 0,
+    };
+    let quota = match &rl.quota {
+        None => None,
+        Some(q) => {
+            let qp = f("quota");
+            let limit = cx
+                .positive(&format!("{qp}.limit"), q.limit.as_ref(), MAX_TOKENS)?
+                .ok_or_else(|| cx.invalid(&format!("{qp}.limit"), None, "is required"))?;
+            let period = match cx.text(&format!("{qp}.period"), q.period.as_ref())? {
+                Some("month") => CalendarPeriod::Month,
+                Some("day") => CalendarPeriod::Day,
+                Some(_) => {
+                    return Err(cx.invalid(
+                        &format!("{qp}.period"),
+                        q.period.as_ref(),
+                        "must be day or month",
+                    ))
+                }
+                None => return Err(cx.invalid(&format!("{qp}.period"), None, "is required")),
+            };
+            Some(CalendarQuota {
+                limit: tokens_to_micros(limit),
+                period,
+            })
+        }
+    };
+    let mut lease = LeaseSettings {
+        ttl_ms: 5_000,
+        max_grant: (capacity / 4 / MICROS_PER_TOKEN * MICROS_PER_TOKEN).max(MICROS_PER_TOKEN),
+        max_drift_ms: 500,
+    };
+    if let Some(l) = &rl.lease {
+        let lp = f("lease");
+        if let Some(v) = cx.positive(&format!("{lp}.ttl_ms"), l.ttl_ms.as_ref(), 86_400_000)? {
+            lease.ttl_ms = v;
+        }
+        if let Some(v) =
+            cx.positive(&format!("{lp}.max_grant"), l.max_grant.as_ref(), MAX_TOKENS)?
+        {
+            lease.max_grant = tokens_to_micros(v);
+        }
+        match l.max_drift_ms.as_ref() {
+            Some(Scalar::Unsigned(v)) if *v <= 60_000 => lease.max_drift_ms = *v,
+            None => {}
+            other => {
+                return Err(cx.invalid(
+                    &format!("{lp}.max_drift_ms"),
+                    other,
+                    "must be a whole number of milliseconds from 0 to 60000",
+                ))
+            }
+        }
+    }
+    let mut regions: Vec<RegionShare> = Vec::new();
+    let mut total_ppm: u64 = 0;
+    for (i, r) in rl.regions.iter().flatten().enumerate() {
+        let rp = format!("{}[{i}]", f("regions"));
+        let region = cx
+            .text(&format!("{rp}.region"), r.region.as_ref())?
+            .ok_or_else(|| cx.invalid(&format!("{rp}.region"), None, "is required"))?;
+        if regions.iter().any(|x| x.region == region) {
+            return Err(cx.invalid(
+                &format!("{rp}.region"),
+                r.region.as_ref(),
+                "is listed twice",
+            ));
+        }
+        let share_ppm = match (&r.share, &r.rate) {
+            (Some(sh), None) => parse_percent(sh).ok_or_else(|| {
+                cx.invalid(
+                    &format!("{rp}.share"),
+                    Some(sh),
+                    "must be a percentage from 0% to 100%, e.g. \"50%\" or \"12.5%\"",
+                )
+            })?,
+            (None, Some(rate)) => {
+                if rpu == 0 {
+                    return Err(cx.invalid(
+                        &format!("{rp}.rate"),
+                        Some(rate),
+                        "needs a limited rate_limit",
+                    ));
+                }
+                let v = match rate {
+                    Scalar::Unsigned(v) if *v <= rpu => *v,
+                    _ => {
+                        return Err(cx.invalid(
+                            &format!("{rp}.rate"),
+                            Some(rate),
+                            format!("must be a whole number of requests per unit from 0 to {rpu}"),
+                        ))
+                    }
+                };
+                (u128::from(v) * u128::from(PPM) / u128::from(rpu)) as u32
+            }
+            _ => {
+                return Err(cx.invalid(&rp, None, "needs exactly one of share or rate"));
+            }
+        };
+        total_ppm += u64::from(share_ppm);
+        if total_ppm > u64::from(PPM) {
+            return Err(cx.invalid(
+                &rp,
+                r.share.as_ref().or(r.rate.as_ref()),
+                "region shares add up to more than 100%",
+            ));
+        }
+        regions.push(RegionShare {
+            region: region.to_string(),
+            share_ppm,
+        });
+    }
     Ok(Rule {
+        quota,
+        lease,
+        regions,
         id: id.to_string(),
         name: name.unwrap_or_else(|| id.to_string()),
         limit,
@@ -283,6 +407,28 @@ fn rule(
         max_keys,
         source: cx.file.to_path_buf(),
     })
+}
+
+/// Parses `"50%"`, `"12.5%"` or `"0.0001%"` into parts per million, exactly (no floating point).
+fn parse_percent(v: &Scalar) -> Option<u32> {
+    let Scalar::Text(s) = v else { return None };
+    let num = s.trim().strip_suffix('%')?.trim();
+    let (int, frac) = num.split_once('.').unwrap_or((num, ""));
+    if int.is_empty()
+        || !int.bytes().all(|b| b.is_ascii_digit())
+        || frac.len() > 4
+        || !frac.bytes().all(|b| b.is_ascii_digit())
+    {
+        return None;
+    }
+    let int: u64 = int.parse().ok()?;
+    let frac_ppm: u64 = if frac.is_empty() {
+        0
+    } else {
+        frac.parse::<u64>().ok()? * 10u64.pow(4 - frac.len() as u32)
+    };
+    let ppm = int.checked_mul(10_000)?.checked_add(frac_ppm)?;
+    (ppm <= u64::from(PPM)).then_some(ppm as u32)
 }
 
 #[cfg(test)]
@@ -348,6 +494,53 @@ mod tests {
         assert!(e.contains("unit_multiplier") && e.contains("1000"), "{e}");
         let e = err("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, scope: regional}\n");
         assert!(e.contains("scope") && e.contains("regional"), "{e}");
+    }
+
+    #[test]
+    fn lease_quota_and_regions_parse_exactly() {
+        let d = domain(
+            "domain: acme\ndescriptors:\n  - key: tenant\n    rate_limit:\n      unit: second\n      requests_per_unit: 1000\n      burst: 40\n      quota: {limit: 20000000, period: month}\n      lease: {ttl_ms: 2000, max_grant: 20, max_drift_ms: 100}\n      regions:\n        - {region: eu-west, share: \"50%\"}\n        - {region: us-east, rate: 400}\n        - {region: ap-south, share: \"9.5%\"}\n",
+            Path::new("t.yaml"),
+        )
+        .unwrap();
+        let r = &d.rules[0];
+        assert_eq!(
+            r.quota,
+            Some(CalendarQuota {
+                limit: 20_000_000 * MICROS_PER_TOKEN,
+                period: CalendarPeriod::Month
+            })
+        );
+        assert_eq!(
+            r.lease,
+            LeaseSettings {
+                ttl_ms: 2000,
+                max_grant: 20 * MICROS_PER_TOKEN,
+                max_drift_ms: 100
+            }
+        );
+        let shares: Vec<(&str, u32)> = r
+            .regions
+            .iter()
+            .map(|x| (x.region.as_str(), x.share_ppm))
+            .collect();
+        assert_eq!(
+            shares,
+            vec![
+                ("eu-west", 500_000),
+                ("us-east", 400_000),
+                ("ap-south", 95_000)
+            ]
+        );
+        let e = err("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 10, regions: [{region: a, share: \"60%\"}, {region: b, share: \"50%\"}]}\n");
+        assert!(e.contains("regions[1]") && e.contains("100%"), "{e}");
+        let e = err("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 10, regions: [{region: a, share: \"half\"}]}\n");
+        assert!(e.contains("regions[0].share") && e.contains("half"), "{e}");
+        let e = err("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 10, quota: {limit: 5, period: year}}\n");
+        assert!(e.contains("quota.period") && e.contains("year"), "{e}");
+        // Default lease: a quarter of the capacity, whole tokens, at least one.
+        let d = domain("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 2}\n", Path::new("t.yaml")).unwrap();
+        assert_eq!(d.rules[0].lease.max_grant, MICROS_PER_TOKEN);
     }
 
     #[test]

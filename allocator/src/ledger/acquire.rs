@@ -1,0 +1,335 @@
+//! Acquire: grant = min(want, max grant, fair part, region headroom, bucket tokens, calendar
+//! remainder), debited from every one of them at grant time (seed §21).
+
+use super::calendar::period_bounds;
+use super::fair_share::fair_part;
+use super::policy::scaled;
+use super::{
+    Acquire, Allocation, AllocationState, Bucket, Denial, Grant, KeyState, Ledger, LedgerError,
+    RegionKeyState, Response,
+};
+use allot_common::algorithm::{LimitParams, LimitState};
+use allot_common::config::{Rule, RuleLimit, Scope};
+use allot_common::decision::RetryAfter;
+use allot_common::units::{
+    millis_to_nanos, nanos_to_millis_ceil, Micros, MAX_TOKENS, MICROS_PER_TOKEN,
+};
+
+/// Longest region, holder or request id, in bytes.
+pub const MAX_ID_BYTES: usize = 256;
+
+fn check_id(what: &str, v: &str) -> Result<(), LedgerError> {
+    if v.is_empty() || v.len() > MAX_ID_BYTES {
+        return Err(LedgerError::InvalidArgument(format!(
+            "{what} must be 1 to {MAX_ID_BYTES} bytes, got {}",
+            v.len()
+        )));
+    }
+    Ok(())
+}
+
+/// Brings a bucket to `params` at time `at` when its parameters changed (seed §28).
+fn retune(b: &mut Bucket, params: LimitParams, at_ns: u64) {
+    if b.params != params {
+        let st = std::mem::replace(&mut b.state, params.initial_state(at_ns));
+        b.state = params.transition_from(&b.params, st, at_ns);
+        b.params = params;
+    }
+}
+
+impl Ledger {
+    pub(super) fn acquire(&mut self, a: &Acquire, now: u64) -> Response {
+        if let Some((_, r)) = self.requests.get(&(a.holder.clone(), a.request_id.clone())) {
+            return r.clone();
+        }
+        let r = match self.try_acquire(a, now) {
+            Ok(r) => r,
+            Err(e) => return Response::Rejected(e),
+        };
+        self.remember(&a.holder, &a.request_id, now, &r);
+        r
+    }
+
+    fn try_acquire(&mut self, a: &Acquire, now: u64) -> Result<Response, LedgerError> {
+        check_id("region", &a.region)?;
+        check_id("holder", &a.holder)?;
+        check_id("request_id", &a.request_id)?;
+        if a.want == 0 || a.want > MAX_TOKENS * MICROS_PER_TOKEN {
+            return Err(LedgerError::InvalidArgument(format!(
+                "want must be from 1 to {} microtokens, got {}",
+                MAX_TOKENS * MICROS_PER_TOKEN,
+                a.want
+            )));
+        }
+        let (rule, kid, version) = self.resolve(&a.key)?;
+        let rule: Rule = rule.clone();
+        let RuleLimit::Limited { params, .. } = rule.limit else {
+            return Err(LedgerError::InvalidArgument(format!(
+                "limit {} is unlimited: there is nothing to lease",
+                rule.name
+            )));
+        };
+        if rule.scope == Scope::Local {
+            return Err(LedgerError::FailedPrecondition(format!(
+                "limit {} has scope local: each agent enforces it alone",
+                rule.name
+            )));
+        }
+        let ppm = self.region_ppm(&rule.id, &a.region)?;
+        let activated_ns = millis_to_nanos(self.activated_at(&a.key.domain));
+        let now_ns = millis_to_nanos(now);
+
+        if !self.keys.contains_key(&kid) {
+            self.make_room(&rule, now_ns)?;
+            self.keys.insert(
+                kid.clone(),
+                KeyState {
+                    global: Bucket {
+                        params,
+                        state: params.initial_state(now_ns),
+                    },
+                    regions: Default::default(),
+                    calendar: None,
+                    live: 0,
+                },
+            );
+        }
+        let shares_version = self.shares_version(&rule.id);
+        let ks = self.keys.get_mut(&kid).ok_or_else(|| {
+            LedgerError::NotFound("policy key vanished while acquiring".to_string())
+        })?;
+        retune(&mut ks.global, params, activated_ns);
+        let region = ks.regions.entry(a.region.clone()).or_default();
+        let region_params = ppm.map(|p| scaled(&params, p));
+        match (region_params, &mut region.bucket) {
+            (Some(Some(rp)), Some(b)) => retune(b, rp, now_ns),
+            (Some(Some(rp)), slot @ None) => {
+                *slot = Some(Bucket {
+                    params: rp,
+                    state: rp.initial_state(now_ns),
+                })
+            }
+            _ => {}
+        }
+        if ppm == Some(0) {
+            return Ok(Response::Denied(Denial {
+                retry_after_ms: rule.lease.ttl_ms,
+                reason: format!("region {:?} has no share of {}", a.region, rule.name),
+                policy_version: version,
+            }));
+        }
+
+        // What is available now, from each source.
+        let global_avail = ks
+            .global
+            .params
+            .check(&mut ks.global.state, now_ns, 0)
+            .remaining_micros;
+        let region_avail = match &mut region.bucket {
+            Some(b) => b.params.check(&mut b.state, now_ns, 0).remaining_micros,
+            None => u64::MAX,
+        };
+        let (period_start, period_end) = match rule.quota {
+            Some(q) => period_bounds(q.period, now),
+            None => (0, u64::MAX),
+        };
+        let calendar_left = match rule.quota {
+            Some(q) => {
+                let used = match ks.calendar {
+                    Some((s, u)) if s == period_start => u,
+                    _ => 0,
+                };
+                q.limit.saturating_sub(used)
+            }
+            None => u64::MAX,
+        };
+        let pool = global_avail.min(region_avail).min(calendar_left);
+
+        // Divide the pool fairly among the holders asking in this region recently.
+        let dkey = (kid.clone(), a.region.clone());
+        let ttl = rule.lease.ttl_ms;
+        let demands = self.demands.entry(dkey).or_default();
+        demands.retain(|_, (_, at)| at.saturating_add(ttl) > now);
+        demands.insert(a.holder.clone(), (a.want, now));
+        let holders: Vec<&String> = demands.keys().collect();
+        let wants: Vec<u64> = demands.values().map(|(w, _)| *w).collect();
+        let me = holders.iter().position(|h| **h == a.holder).unwrap_or(0);
+        let fair = fair_part(pool, &wants, me);
+
+        let mut grant = a.want.min(rule.lease.max_grant).min(fair).min(pool);
+        if grant >= MICROS_PER_TOKEN {
+            // Agents spend whole tokens; a fraction would sit unused.
+            grant -= grant % MICROS_PER_TOKEN;
+        } else if a.want >= MICROS_PER_TOKEN {
+            grant = 0;
+        }
+        let ks = self.keys.get_mut(&kid).ok_or_else(|| {
+            LedgerError::NotFound("policy key vanished while acquiring".to_string())
+        })?;
+        let region = ks.regions.entry(a.region.clone()).or_default();
+        if grant == 0 {
+            let need = a
+                .want
+                .min(rule.lease.max_grant)
+                .clamp(1, MICROS_PER_TOKEN.max(1));
+            let need = need.min(params.capacity());
+            let mut wait = ks
+                .global
+                .params
+                .check(&mut ks.global.state, now_ns, need)
+                .retry_after;
+            if let Some(b) = &mut region.bucket {
+                wait = wait.max(
+                    b.params
+                        .check(&mut b.state, now_ns, need.min(b.params.capacity()))
+                        .retry_after,
+                );
+            }
+            let (reason, wait_ms) = if calendar_left < need {
+                (
+                    format!(
+                        "calendar quota of {} is spent until {period_end} (Unix ms)",
+                        rule.name
+                    ),
+                    period_end.saturating_sub(now),
+                )
+            } else {
+                let ms = match wait {
+                    RetryAfter::Now => 1,
+                    RetryAfter::After(ns) => nanos_to_millis_ceil(ns).max(1),
+                    RetryAfter::Never => ttl,
+                };
+                let what = if region_avail < global_avail {
+                    "region share"
+                } else {
+                    "bucket"
+                };
+                (format!("{what} of {} is empty", rule.name), ms)
+            };
+            return Ok(Response::Denied(Denial {
+                retry_after_ms: wait_ms,
+                reason,
+                policy_version: version,
+            }));
+        }
+
+        // Debit every source now; unspent tokens come back only at release.
+        let gp = ks.global.params;
+        spend(&gp, &mut ks.global.state, now_ns, grant);
+        if let Some(b) = &mut region.bucket {
+            let p = b.params;
+            spend(&p, &mut b.state, now_ns, grant);
+        }
+        if rule.quota.is_some() {
+            let used = match ks.calendar {
+                Some((s, u)) if s == period_start => u,
+                _ => 0,
+            };
+            ks.calendar = Some((period_start, used.saturating_add(grant)));
+        }
+        let mut expires = now.saturating_add(ttl);
+        if let LimitParams::FixedWindow(w) = params {
+            // A window's allocation never outlives its window.
+            let end_ns = (now_ns - now_ns % w.period_ns).saturating_add(w.period_ns);
+            expires = expires.min(end_ns / 1_000_000);
+        }
+        let dead_at = expires.saturating_add(rule.lease.max_drift_ms);
+        ks.live += 1;
+        region.live += 1;
+        region.granted_live += grant;
+
+        self.next_id += 1;
+        let id = self.next_id;
+        let epoch_key = (rule.id.clone(), a.region.clone(), a.holder.clone());
+        let epoch = self.epochs.get(&epoch_key).copied().unwrap_or(0) + 1;
+        self.epochs.insert(epoch_key, epoch);
+        let alloc = Allocation {
+            id,
+            rule_id: rule.id.clone(),
+            key: kid.1.clone(),
+            policy_version: version,
+            shares_version,
+            region: a.region.clone(),
+            holder: a.holder.clone(),
+            epoch,
+            granted: grant,
+            reported: 0,
+            issued_at_ms: now,
+            expires_at_ms: expires,
+            dead_at_ms: dead_at,
+            state: AllocationState::Live,
+        };
+        self.allocations.insert(id, alloc);
+        self.deadlines.insert((dead_at, id));
+        if let Some(ps) = self.shares.get_mut(&rule.id) {
+            if let Some(rs) = ps.regions.get_mut(&a.region) {
+                *rs.live_by_version.entry(shares_version).or_default() += 1;
+            }
+        }
+        Ok(Response::Granted(Grant {
+            allocation_id: id,
+            epoch,
+            granted: grant,
+            issued_at_ms: now,
+            expires_at_ms: expires,
+            policy_version: version,
+        }))
+    }
+
+    /// Makes room for one more key of `rule`: evicts its idle keys (no live allocation, buckets
+    /// full, calendar unused) when at the cap.
+    fn make_room(&mut self, rule: &Rule, now_ns: u64) -> Result<(), LedgerError> {
+        let prefix = rule.id.clone();
+        let count = self
+            .keys
+            .range((prefix.clone(), Vec::new())..)
+            .take_while(|((r, _), _)| *r == prefix)
+            .count() as u64;
+        if count < rule.max_keys {
+            return Ok(());
+        }
+        let idle: Vec<(String, Vec<u8>)> = self
+            .keys
+            .range((prefix.clone(), Vec::new())..)
+            .take_while(|((r, _), _)| *r == prefix)
+            .filter(|(_, ks)| is_idle(ks, now_ns))
+            .map(|(k, _)| k.clone())
+            .collect();
+        if idle.is_empty() {
+            return Err(LedgerError::ResourceExhausted(format!(
+                "limit {} holds state for {} keys, none idle",
+                rule.name, rule.max_keys
+            )));
+        }
+        for k in idle {
+            self.keys.remove(&k);
+            let gone: Vec<_> = self
+                .demands
+                .range((k.clone(), String::new())..)
+                .take_while(|((kk, _), _)| *kk == k)
+                .map(|(d, _)| d.clone())
+                .collect();
+            for d in gone {
+                self.demands.remove(&d);
+            }
+        }
+        Ok(())
+    }
+}
+
+fn spend(params: &LimitParams, state: &mut LimitState, now_ns: u64, micros: Micros) {
+    params.spend(state, now_ns, micros);
+}
+
+fn is_idle(ks: &KeyState, now_ns: u64) -> bool {
+    let region_idle = |r: &RegionKeyState| {
+        r.live == 0
+            && r.bucket
+                .as_ref()
+                .is_none_or(|b| b.params.is_idle(&b.state, now_ns))
+    };
+    ks.live == 0
+        && ks.calendar.is_none_or(|(_, used)| used == 0)
+        && ks.global.params.is_idle(&ks.global.state, now_ns)
+        && ks.regions.values().all(region_idle)
+}

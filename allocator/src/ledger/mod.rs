@@ -1,0 +1,390 @@
+//! The lease ledger (seed §20–23, §28): a pure, deterministic state machine of policies, global
+//! buckets and epoch-fenced, expiring allocations. No openraft types, no clock: every command is
+//! applied at the time the Raft leader stamped into its log entry, so every replica computes the
+//! same state.
+//!
+//! Invariants kept here:
+//! * live entitlement never exceeds the contract: a grant debits the global bucket (and the
+//!   region's bucket and the calendar quota) when it is made, and unspent tokens come back only
+//!   when the final spend is known (release), never above capacity;
+//! * an expired allocation's unreported tokens stay spent (stranded quota);
+//! * allocation ids are never reused; epochs strictly increase per policy + region + holder;
+//! * a report or release with a stale id or epoch is refused and changes nothing;
+//! * a region's lowered share keeps its old reservation until every allocation granted under the
+//!   older share version is released or expired; only then can another region's share grow.
+
+mod acquire;
+mod calendar;
+mod fair_share;
+mod policy;
+mod settle;
+mod types;
+
+pub use calendar::period_bounds;
+pub use fair_share::fair_part;
+pub use types::{
+    Acquire, Command, Denial, Grant, KeyStatus, LedgerError, PolicyKey, RegionStatus, Response,
+    Share, ShareSpec,
+};
+
+use crate::raft::{App, AppError};
+use allot_common::algorithm::{LimitParams, LimitState};
+use allot_common::config::DomainConfig;
+use allot_common::units::{millis_to_nanos, Micros};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// How long an Acquire answer is kept for retries with the same request id, in ms.
+pub const REQUEST_RETENTION_MS: u64 = 10 * 60 * 1000;
+/// Most Acquire answers kept for retries; the oldest go first.
+pub const MAX_REMEMBERED_REQUESTS: usize = 100_000;
+
+/// (rule id, canonical descriptor key).
+type KeyId = (String, Vec<u8>);
+
+/// State of allocation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AllocationState {
+    /// Spendable until `expires_at_ms`.
+    Live,
+    /// Returned with its final spend.
+    Released {
+        /// Microtokens returned to the bucket.
+        returned: u64,
+    },
+    /// Passed `expires_at_ms + max_drift`; unreported tokens are stranded.
+    Expired,
+}
+
+/// One allocation: a batch of spendable tokens held by one agent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Allocation {
+    /// Never reused.
+    pub id: u64,
+    /// Rule id of the policy.
+    pub rule_id: String,
+    /// Canonical key of the policy key.
+    pub key: Vec<u8>,
+    /// Policy document version at grant.
+    pub policy_version: u64,
+    /// Share version at grant.
+    pub shares_version: u64,
+    /// Region.
+    pub region: String,
+    /// Holder.
+    pub holder: String,
+    /// Epoch.
+    pub epoch: u64,
+    /// Microtokens granted.
+    pub granted: Micros,
+    /// Highest cumulative spend reported, clamped to `granted`.
+    pub reported: Micros,
+    /// Grant time, Unix ms.
+    pub issued_at_ms: u64,
+    /// Expiry, Unix ms.
+    pub expires_at_ms: u64,
+    /// When it is dead even for a drifting agent: expires_at + max drift, Unix ms.
+    pub dead_at_ms: u64,
+    /// Current state.
+    pub state: AllocationState,
+}
+
+/// A bucket with the parameters its state was last computed under.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Bucket {
+    params: LimitParams,
+    state: LimitState,
+}
+
+/// Per policy key and region: the region's bucket and its allocation totals.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+struct RegionKeyState {
+    /// `None` when the policy has no regional shares.
+    bucket: Option<Bucket>,
+    live: u64,
+    granted_live: Micros,
+    reported_live: Micros,
+    stranded: Micros,
+}
+
+/// State of one policy key.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct KeyState {
+    global: Bucket,
+    regions: BTreeMap<String, RegionKeyState>,
+    /// (period start ms, microtokens used) of the calendar quota.
+    calendar: Option<(u64, Micros)>,
+    live: u64,
+}
+
+/// A policy document in force.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct PolicyDoc {
+    yaml: String,
+    version: u64,
+    activated_at_ms: u64,
+}
+
+/// A region's share of one policy, with its handoff state.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+struct RegionShareState {
+    /// What the operator asked for.
+    target_ppm: u32,
+    /// What new grants may use now (≤ target).
+    effective_ppm: u32,
+    /// What is still held back for allocations granted under an older, larger share.
+    reserved_ppm: u32,
+    /// Share version whose lowering created the reservation.
+    lowered_at: u64,
+    /// Live allocations of this policy and region by the share version they were granted under.
+    live_by_version: BTreeMap<u64, u64>,
+}
+
+/// Regional shares of one policy.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+struct PolicyShares {
+    config_version: u64,
+    regions: BTreeMap<String, RegionShareState>,
+}
+
+/// Violation counters: spend reported beyond a grant (clamped, never credited).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Violations {
+    /// Reports or releases that claimed more than the grant.
+    pub count: u64,
+    /// Σ claimed − granted over them, microtokens.
+    pub excess: Micros,
+}
+
+/// The ledger. See the module docs for its invariants.
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub struct Ledger {
+    last_ms: u64,
+    docs: BTreeMap<String, PolicyDoc>,
+    #[serde(skip)]
+    parsed: BTreeMap<String, DomainConfig>,
+    shares: BTreeMap<String, PolicyShares>,
+    keys: BTreeMap<KeyId, KeyState>,
+    allocations: BTreeMap<u64, Allocation>,
+    /// Live allocations by (dead_at_ms, id).
+    deadlines: BTreeSet<(u64, u64)>,
+    next_id: u64,
+    epochs: BTreeMap<(String, String, String), u64>,
+    /// Recent wants per (key, region): holder → (want, at ms), for fair division.
+    demands: BTreeMap<(KeyId, String), BTreeMap<String, (Micros, u64)>>,
+    /// (holder, request id) → (time, answer).
+    requests: BTreeMap<(String, String), (u64, Response)>,
+    request_times: BTreeSet<(u64, String, String)>,
+    violations: Violations,
+}
+
+impl Ledger {
+    /// Applies `cmd` at the leader-stamped `now_ms` (clamped so time never goes back).
+    pub fn apply_at(&mut self, cmd: &Command, now_ms: u64) -> Response {
+        let now = now_ms.max(self.last_ms);
+        self.last_ms = now;
+        self.expire(now);
+        self.forget_requests(now);
+        let r = match cmd {
+            Command::PutPolicy {
+                yaml,
+                expected_version,
+            } => self.put_policy(yaml, *expected_version, now),
+            Command::SetShares {
+                policy,
+                shares,
+                config_version,
+            } => self.set_shares(policy, shares, *config_version),
+            Command::Acquire(a) => self.acquire(a, now),
+            Command::Report {
+                allocation_id,
+                epoch,
+                cumulative_spend,
+            } => self.report(*allocation_id, *epoch, *cumulative_spend),
+            Command::Release {
+                allocation_id,
+                epoch,
+                final_spend,
+            } => self.release(*allocation_id, *epoch, *final_spend, now),
+            Command::Tick => Response::Ticked,
+        };
+        self.rebalance_all();
+        r
+    }
+
+    /// The latest applied time, Unix ms.
+    pub fn last_ms(&self) -> u64 {
+        self.last_ms
+    }
+
+    /// Version of a domain's policy document (0 when absent).
+    pub fn policy_version(&self, domain: &str) -> u64 {
+        self.docs.get(domain).map_or(0, |d| d.version)
+    }
+
+    /// An allocation by id.
+    pub fn allocation(&self, id: u64) -> Option<&Allocation> {
+        self.allocations.get(&id)
+    }
+
+    /// Every allocation, by id.
+    pub fn allocations(&self) -> impl Iterator<Item = &Allocation> {
+        self.allocations.values()
+    }
+
+    /// Spend claimed beyond grants so far.
+    pub fn violations(&self) -> Violations {
+        self.violations
+    }
+
+    /// Number of policy keys held.
+    pub fn key_count(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// Status of one policy key as of `now_ms` (read-only: nothing is expired or refilled).
+    ///
+    /// # Errors
+    /// [`LedgerError::NotFound`] for an unknown domain, a descriptor no rule matches, or a key
+    /// that has not acquired yet; [`LedgerError::InvalidArgument`] for a malformed key.
+    pub fn status(&self, key: &PolicyKey, now_ms: u64) -> Result<KeyStatus, LedgerError> {
+        let (rule, kid, doc_version) = self.resolve(key)?;
+        let ks = self.keys.get(&kid).ok_or_else(|| {
+            LedgerError::NotFound(format!("policy key of {} has no state yet", rule.name))
+        })?;
+        let now_ns = millis_to_nanos(now_ms.max(self.last_ms));
+        let mut g = ks.global.state.clone();
+        let bucket_tokens = ks.global.params.check(&mut g, now_ns, 0).remaining_micros;
+        let calendar_remaining = rule.quota.map(|q| {
+            let (start, _) = period_bounds(q.period, now_ms.max(self.last_ms));
+            let used = match ks.calendar {
+                Some((s, u)) if s == start => u,
+                _ => 0,
+            };
+            q.limit.saturating_sub(used)
+        });
+        let shares = self.shares.get(&rule.id);
+        let regions = ks
+            .regions
+            .iter()
+            .map(|(name, r)| RegionStatus {
+                region: name.clone(),
+                live_allocations: r.live,
+                granted: r.granted_live,
+                reported: r.reported_live,
+                stranded: r.stranded,
+                overshoot_bound: r.granted_live - r.reported_live,
+                share_ppm: shares
+                    .and_then(|s| s.regions.get(name))
+                    .map(|s| s.effective_ppm),
+            })
+            .collect();
+        Ok(KeyStatus {
+            policy: rule.name.clone(),
+            policy_version: doc_version,
+            bucket_tokens,
+            calendar_remaining,
+            regions,
+        })
+    }
+
+    /// Σ(granted − reported) over every live allocation: the ledger-wide overshoot bound, µtokens.
+    pub fn overshoot_bound(&self) -> Micros {
+        self.keys
+            .values()
+            .flat_map(|k| k.regions.values())
+            .map(|r| r.granted_live - r.reported_live)
+            .sum()
+    }
+
+    /// Expires every allocation dead at `now`: its unreported tokens stay spent (stranded).
+    fn expire(&mut self, now: u64) {
+        while let Some(&(dead_at, id)) = self.deadlines.first() {
+            if dead_at > now {
+                break;
+            }
+            self.deadlines.pop_first();
+            let Some(a) = self.allocations.get_mut(&id) else {
+                continue;
+            };
+            if a.state != AllocationState::Live {
+                continue;
+            }
+            a.state = AllocationState::Expired;
+            let a = a.clone();
+            self.finish(&a, a.granted - a.reported, 0);
+        }
+    }
+
+    /// Bookkeeping when a live allocation ends: `stranded` unreported tokens, `returned` refunded.
+    fn finish(&mut self, a: &Allocation, stranded: Micros, _returned: Micros) {
+        let kid = (a.rule_id.clone(), a.key.clone());
+        if let Some(ks) = self.keys.get_mut(&kid) {
+            ks.live = ks.live.saturating_sub(1);
+            if let Some(r) = ks.regions.get_mut(&a.region) {
+                r.live = r.live.saturating_sub(1);
+                r.granted_live -= a.granted;
+                r.reported_live -= a.reported;
+                r.stranded = r.stranded.saturating_add(stranded);
+            }
+        }
+        if let Some(ps) = self.shares.get_mut(&a.rule_id) {
+            if let Some(rs) = ps.regions.get_mut(&a.region) {
+                if let Some(n) = rs.live_by_version.get_mut(&a.shares_version) {
+                    *n -= 1;
+                    if *n == 0 {
+                        rs.live_by_version.remove(&a.shares_version);
+                    }
+                }
+            }
+        }
+    }
+
+    fn forget_requests(&mut self, now: u64) {
+        while let Some((at, h, id)) = self.request_times.first().cloned() {
+            let too_many = self.request_times.len() > MAX_REMEMBERED_REQUESTS;
+            if !too_many && at.saturating_add(REQUEST_RETENTION_MS) > now {
+                break;
+            }
+            self.request_times.pop_first();
+            self.requests.remove(&(h, id));
+        }
+    }
+
+    fn remember(&mut self, holder: &str, request_id: &str, now: u64, r: &Response) {
+        let k = (holder.to_string(), request_id.to_string());
+        self.requests.insert(k, (now, r.clone()));
+        self.request_times
+            .insert((now, holder.to_string(), request_id.to_string()));
+    }
+}
+
+impl App for Ledger {
+    type Command = Command;
+    type Response = Response;
+
+    fn apply(&mut self, cmd: &Command, stamped_now_ms: u64) -> Response {
+        self.apply_at(cmd, stamped_now_ms)
+    }
+
+    fn snapshot(&self) -> Vec<u8> {
+        // Serialising plain data into a Vec cannot fail; an empty snapshot would be refused by
+        // `restore` rather than silently installed.
+        bincode::serde::encode_to_vec(self, bincode::config::standard()).unwrap_or_default()
+    }
+
+    fn restore(bytes: &[u8]) -> Result<Self, AppError> {
+        let (mut l, _): (Ledger, usize) =
+            bincode::serde::decode_from_slice(bytes, bincode::config::standard())
+                .map_err(|e| AppError::CorruptSnapshot(e.to_string()))?;
+        for (domain, doc) in &l.docs {
+            let d = policy::parse(&doc.yaml)
+                .map_err(|e| AppError::CorruptSnapshot(format!("policy {domain}: {e}")))?;
+            l.parsed.insert(domain.clone(), d);
+        }
+        Ok(l)
+    }
+}
+
+#[cfg(test)]
+mod tests;

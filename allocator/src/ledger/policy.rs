@@ -1,0 +1,374 @@
+//! Policy documents, regional shares and the versioned handoff (seed §20, §22, §28).
+
+use super::{
+    Ledger, LedgerError, PolicyDoc, PolicyKey, PolicyShares, RegionShareState, Response, Share,
+    ShareSpec,
+};
+use allot_common::algorithm::{AlgorithmKind, LimitParams, Rate, WindowParams};
+use allot_common::config::{ConfigSet, DomainConfig, Rule, RuleLimit, Scope, PPM};
+use allot_common::descriptor::{encode_key, Descriptor, Entry, Request};
+use std::path::Path;
+
+/// Parses and validates a policy document for the allocator: the decision core's validation,
+/// plus the rule that sliding windows and logs cannot be leased (seed §6: a log is exact only
+/// where it is decided in one place).
+pub(super) fn parse(yaml: &str) -> Result<DomainConfig, String> {
+    let d = ConfigSet::parse_domain(yaml, Path::new("policy")).map_err(|e| e.to_string())?;
+    for r in &d.rules {
+        if let RuleLimit::Limited { params, .. } = r.limit {
+            let kind = params.kind();
+            if r.scope == Scope::Global
+                && matches!(
+                    kind,
+                    AlgorithmKind::SlidingWindow | AlgorithmKind::SlidingLog
+                )
+            {
+                return Err(format!(
+                    "limit {}: {kind} cannot be enforced with global scope (it is exact only where every decision is made in one place); use scope: local, or token_bucket, gcra or fixed_window",
+                    r.name
+                ));
+            }
+        }
+    }
+    Ok(d)
+}
+
+/// Parameters of a region's bucket: the policy's limit scaled by `ppm`; `None` at 0 ppm.
+/// Exact: capacities and rates are whole tokens × 10⁶, so × ppm / 10⁶ loses nothing.
+pub(super) fn scaled(params: &LimitParams, ppm: u32) -> Option<LimitParams> {
+    if ppm == 0 {
+        return None;
+    }
+    let s = |m: u64| (u128::from(m) * u128::from(ppm) / u128::from(PPM)) as u64;
+    Some(match *params {
+        LimitParams::TokenBucket { capacity, rate } => LimitParams::TokenBucket {
+            capacity: s(capacity),
+            rate: Rate {
+                micros: s(rate.micros),
+                per_ns: rate.per_ns,
+            },
+        },
+        LimitParams::Gcra { capacity, rate } => LimitParams::Gcra {
+            capacity: s(capacity),
+            rate: Rate {
+                micros: s(rate.micros),
+                per_ns: rate.per_ns,
+            },
+        },
+        LimitParams::FixedWindow(w) => LimitParams::FixedWindow(WindowParams {
+            limit: s(w.limit),
+            period_ns: w.period_ns,
+        }),
+        LimitParams::SlidingWindow(w) => LimitParams::SlidingWindow(WindowParams {
+            limit: s(w.limit),
+            period_ns: w.period_ns,
+        }),
+        LimitParams::SlidingLog(w) => LimitParams::SlidingLog(WindowParams {
+            limit: s(w.limit),
+            period_ns: w.period_ns,
+        }),
+    })
+}
+
+impl Ledger {
+    pub(super) fn put_policy(&mut self, yaml: &str, expected: u64, now: u64) -> Response {
+        let d = match parse(yaml) {
+            Ok(d) => d,
+            Err(e) => return Response::Rejected(LedgerError::InvalidArgument(e)),
+        };
+        let current = self.policy_version(&d.domain);
+        if current != expected {
+            return Response::Rejected(LedgerError::FailedPrecondition(format!(
+                "domain {:?} is at version {current}, not {expected}",
+                d.domain
+            )));
+        }
+        for r in &d.rules {
+            let clash = self
+                .parsed
+                .iter()
+                .filter(|(dom, _)| **dom != d.domain)
+                .flat_map(|(_, other)| other.rules.iter())
+                .any(|o| o.name == r.name);
+            if clash {
+                return Response::Rejected(LedgerError::InvalidArgument(format!(
+                    "limit name {:?} is already used by another domain",
+                    r.name
+                )));
+            }
+        }
+        let version = current + 1;
+        for r in &d.rules {
+            let targets: Vec<ShareSpec> = r
+                .regions
+                .iter()
+                .map(|s| ShareSpec {
+                    region: s.region.clone(),
+                    share: Share::Ppm(s.share_ppm),
+                })
+                .collect();
+            match self.shares.get(&r.id) {
+                None => {
+                    let mut ps = PolicyShares::default();
+                    for s in &r.regions {
+                        ps.regions.insert(
+                            s.region.clone(),
+                            RegionShareState {
+                                target_ppm: s.share_ppm,
+                                effective_ppm: s.share_ppm,
+                                ..Default::default()
+                            },
+                        );
+                    }
+                    self.shares.insert(r.id.clone(), ps);
+                }
+                Some(ps) => {
+                    let changed = r.regions.iter().any(|s| {
+                        ps.regions.get(&s.region).map(|x| x.target_ppm) != Some(s.share_ppm)
+                    });
+                    if changed {
+                        let next = ps.config_version + 1;
+                        self.apply_shares(&r.id, r, &targets, next);
+                    }
+                }
+            }
+        }
+        self.docs.insert(
+            d.domain.clone(),
+            PolicyDoc {
+                yaml: yaml.to_string(),
+                version,
+                activated_at_ms: now,
+            },
+        );
+        let domain = d.domain.clone();
+        self.parsed.insert(domain.clone(), d);
+        Response::PolicyPut { domain, version }
+    }
+
+    /// The rule named `policy` (its `name`, or its id).
+    fn rule_named(&self, policy: &str) -> Option<&Rule> {
+        self.parsed
+            .values()
+            .flat_map(|d| d.rules.iter())
+            .find(|r| r.name == policy || r.id == policy)
+    }
+
+    pub(super) fn set_shares(
+        &mut self,
+        policy: &str,
+        shares: &[ShareSpec],
+        version: u64,
+    ) -> Response {
+        let Some(rule) = self.rule_named(policy).cloned() else {
+            return Response::Rejected(LedgerError::NotFound(format!(
+                "no policy named {policy:?}"
+            )));
+        };
+        let current = self.shares.get(&rule.id).map_or(0, |s| s.config_version);
+        if version <= current {
+            return Response::Rejected(LedgerError::FailedPrecondition(format!(
+                "share version {version} is not greater than the current {current}"
+            )));
+        }
+        if let Err(e) = self.check_shares(&rule, shares) {
+            return Response::Rejected(e);
+        }
+        self.apply_shares(&rule.id, &rule, shares, version);
+        Response::SharesSet {
+            config_version: version,
+        }
+    }
+
+    fn check_shares(&self, rule: &Rule, shares: &[ShareSpec]) -> Result<(), LedgerError> {
+        let RuleLimit::Limited {
+            requests_per_unit, ..
+        } = rule.limit
+        else {
+            return Err(LedgerError::InvalidArgument(format!(
+                "policy {} is unlimited: it has no quota to share",
+                rule.name
+            )));
+        };
+        let mut total: u64 = 0;
+        let mut seen = std::collections::BTreeSet::new();
+        let current = self.shares.get(&rule.id);
+        for s in shares {
+            if s.region.is_empty() || s.region.len() > 256 {
+                return Err(LedgerError::InvalidArgument(
+                    "region name must be 1 to 256 bytes".into(),
+                ));
+            }
+            if !seen.insert(s.region.as_str()) {
+                return Err(LedgerError::InvalidArgument(format!(
+                    "region {:?} is listed twice",
+                    s.region
+                )));
+            }
+            let ppm = to_ppm(s.share, requests_per_unit).ok_or_else(|| {
+                LedgerError::InvalidArgument(format!(
+                    "share of {:?} is out of range (at most 100% or {requests_per_unit} per unit)",
+                    s.region
+                ))
+            })?;
+            total += u64::from(ppm);
+        }
+        if let Some(ps) = current {
+            total += ps
+                .regions
+                .iter()
+                .filter(|(r, _)| !seen.contains(r.as_str()))
+                .map(|(_, s)| u64::from(s.target_ppm))
+                .sum::<u64>();
+        }
+        if total > u64::from(PPM) {
+            return Err(LedgerError::InvalidArgument(format!(
+                "region shares of {} would add up to {}.{:04}%, more than 100%",
+                rule.name,
+                total / 10_000,
+                total % 10_000
+            )));
+        }
+        Ok(())
+    }
+
+    /// Records new targets. A lowered share applies to new grants at once but stays reserved
+    /// until the allocations granted under older versions are gone (see [`Self::rebalance_all`]).
+    fn apply_shares(&mut self, rule_id: &str, rule: &Rule, shares: &[ShareSpec], version: u64) {
+        let rpu = match rule.limit {
+            RuleLimit::Limited {
+                requests_per_unit, ..
+            } => requests_per_unit,
+            RuleLimit::Unlimited => return,
+        };
+        let ps = self.shares.entry(rule_id.to_string()).or_default();
+        ps.config_version = version;
+        for s in shares {
+            let Some(ppm) = to_ppm(s.share, rpu) else {
+                continue;
+            };
+            let rs = ps.regions.entry(s.region.clone()).or_default();
+            if ppm < rs.effective_ppm {
+                rs.reserved_ppm = rs.reserved_ppm.max(rs.effective_ppm);
+                rs.effective_ppm = ppm;
+                rs.lowered_at = version;
+            }
+            rs.target_ppm = ppm;
+        }
+    }
+
+    /// Finishes handoffs: a reservation is dropped once no live allocation predates the lowering;
+    /// then raised shares grow into what is free, in region-name order.
+    pub(super) fn rebalance_all(&mut self) {
+        for ps in self.shares.values_mut() {
+            for rs in ps.regions.values_mut() {
+                if rs.reserved_ppm > rs.effective_ppm {
+                    let older_live = rs
+                        .live_by_version
+                        .range(..rs.lowered_at)
+                        .any(|(_, &n)| n > 0);
+                    if !older_live {
+                        rs.reserved_ppm = 0;
+                    }
+                }
+            }
+            let names: Vec<String> = ps.regions.keys().cloned().collect();
+            for name in names {
+                let held_by_others: u64 = ps
+                    .regions
+                    .iter()
+                    .filter(|(n, _)| **n != name)
+                    .map(|(_, s)| u64::from(s.effective_ppm.max(s.reserved_ppm)))
+                    .sum();
+                let free = u64::from(PPM).saturating_sub(held_by_others) as u32;
+                if let Some(rs) = ps.regions.get_mut(&name) {
+                    if rs.effective_ppm < rs.target_ppm {
+                        rs.effective_ppm = rs.target_ppm.min(free).max(rs.effective_ppm);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Effective share of `region` for a rule: `None` when the rule has no regional shares
+    /// (every region draws from the global bucket only).
+    pub(super) fn region_ppm(
+        &self,
+        rule_id: &str,
+        region: &str,
+    ) -> Result<Option<u32>, LedgerError> {
+        let Some(ps) = self.shares.get(rule_id) else {
+            return Ok(None);
+        };
+        if ps.regions.is_empty() {
+            return Ok(None);
+        }
+        ps.regions
+            .get(region)
+            .map(|r| Some(r.effective_ppm))
+            .ok_or_else(|| {
+                LedgerError::NotFound(format!("region {region:?} has no share of this policy"))
+            })
+    }
+
+    /// The current share version of a rule.
+    pub(super) fn shares_version(&self, rule_id: &str) -> u64 {
+        self.shares.get(rule_id).map_or(0, |s| s.config_version)
+    }
+
+    /// Matches a policy key to its rule. Returns the rule, the key id and the doc version.
+    pub(super) fn resolve(
+        &self,
+        key: &PolicyKey,
+    ) -> Result<(&Rule, (String, Vec<u8>), u64), LedgerError> {
+        let entries: Vec<Entry<'_>> = key
+            .entries
+            .iter()
+            .map(|(k, v)| Entry { key: k, value: v })
+            .collect();
+        let desc = [Descriptor {
+            entries: &entries,
+            hits_addend: None,
+        }];
+        Request {
+            domain: &key.domain,
+            descriptors: &desc,
+            hits_addend: None,
+        }
+        .validate()
+        .map_err(|e| LedgerError::InvalidArgument(e.to_string()))?;
+        let d = self.parsed.get(&key.domain).ok_or_else(|| {
+            LedgerError::NotFound(format!("no policy for domain {:?}", key.domain))
+        })?;
+        let ri = d
+            .match_rule(entries.iter().map(|e| (e.key, e.value)))
+            .ok_or_else(|| {
+                LedgerError::NotFound(format!(
+                    "no limit of domain {:?} matches this descriptor",
+                    key.domain
+                ))
+            })?;
+        let rule = &d.rules[ri];
+        Ok((
+            rule,
+            (rule.id.clone(), encode_key(&entries).into_vec()),
+            self.policy_version(&key.domain),
+        ))
+    }
+
+    /// When the policy document of `domain` took effect, Unix ms.
+    pub(super) fn activated_at(&self, domain: &str) -> u64 {
+        self.docs.get(domain).map_or(0, |d| d.activated_at_ms)
+    }
+}
+
+/// A share in parts per million; `None` when out of range.
+fn to_ppm(s: Share, requests_per_unit: u64) -> Option<u32> {
+    match s {
+        Share::Ppm(p) if p <= PPM => Some(p),
+        Share::Rate(r) if r <= requests_per_unit && requests_per_unit > 0 => {
+            Some((u128::from(r) * u128::from(PPM) / u128::from(requests_per_unit)) as u32)
+        }
+        _ => None,
+    }
+}

@@ -1,0 +1,658 @@
+//! Ledger unit tests: pure, deterministic, manual time (Unix ms passed to `apply_at`).
+
+use super::*;
+use allot_common::units::MICROS_PER_TOKEN as T;
+
+const T0: u64 = 1_795_988_100_000; // 2026-11-29T21:35:00Z
+
+const ACME: &str = "domain: api
+descriptors:
+  - key: tenant
+    rate_limit:
+      unit: second
+      requests_per_unit: 10
+      burst: 40
+      name: acme-search
+      lease: {ttl_ms: 5000, max_grant: 20, max_drift_ms: 500}
+";
+
+const REGIONAL: &str = "domain: api
+descriptors:
+  - key: tenant
+    rate_limit:
+      unit: second
+      requests_per_unit: 1000
+      burst: 1000
+      name: global-1000
+      lease: {ttl_ms: 2000, max_grant: 1000, max_drift_ms: 100}
+      regions:
+        - {region: eu-west, share: \"50%\"}
+        - {region: us-east, share: \"40%\"}
+        - {region: ap-south, share: \"10%\"}
+";
+
+fn key(tenant: &str) -> PolicyKey {
+    PolicyKey {
+        domain: "api".into(),
+        entries: vec![("tenant".into(), tenant.into())],
+    }
+}
+
+fn ledger(yaml: &str) -> Ledger {
+    let mut l = Ledger::default();
+    let r = l.apply_at(
+        &Command::PutPolicy {
+            yaml: yaml.into(),
+            expected_version: 0,
+        },
+        T0,
+    );
+    assert_eq!(
+        r,
+        Response::PolicyPut {
+            domain: "api".into(),
+            version: 1
+        }
+    );
+    l
+}
+
+fn acquire(l: &mut Ledger, t: u64, region: &str, holder: &str, want: u64, id: &str) -> Response {
+    l.apply_at(
+        &Command::Acquire(Acquire {
+            key: key("acme"),
+            region: region.into(),
+            holder: holder.into(),
+            want,
+            request_id: id.into(),
+        }),
+        t,
+    )
+}
+
+fn granted(r: &Response) -> Grant {
+    match r {
+        Response::Granted(g) => *g,
+        other => panic!("expected a grant, got {other:?}"),
+    }
+}
+
+#[test]
+fn grant_is_capped_debited_and_idempotent() {
+    let mut l = ledger(ACME);
+    let g = granted(&acquire(&mut l, T0, "eu", "gw1", 30 * T, "r1"));
+    assert_eq!((g.granted, g.epoch, g.allocation_id), (20 * T, 1, 1));
+    assert_eq!(g.expires_at_ms, T0 + 5000);
+    // A retry with the same request id returns the same grant and charges nothing.
+    let again = granted(&acquire(&mut l, T0 + 1, "eu", "gw1", 30 * T, "r1"));
+    assert_eq!(again, g);
+    let s = l.status(&key("acme"), T0 + 1).unwrap();
+    // 20 left, plus 1 ms of refill at 10/s.
+    assert_eq!(s.bucket_tokens, 20 * T + T / 100);
+    // A new request id is a new grant: the rest of the burst, capped at max_grant.
+    let g2 = granted(&acquire(&mut l, T0 + 1, "eu", "gw1", 30 * T, "r2"));
+    assert_eq!((g2.granted, g2.allocation_id, g2.epoch), (20 * T, 2, 2));
+    // 0.01 token left: one token is 99 ms of refill away.
+    match acquire(&mut l, T0 + 1, "eu", "gw1", 5 * T, "r3") {
+        Response::Denied(d) => assert_eq!(d.retry_after_ms, 99),
+        other => panic!("{other:?}"),
+    }
+    // The same id from another holder is another request (it is denied, not answered from
+    // gw1's cache).
+    assert!(matches!(
+        acquire(&mut l, T0 + 1, "eu", "gw2", 30 * T, "r1"),
+        Response::Denied(_)
+    ));
+}
+
+#[test]
+fn total_granted_never_exceeds_burst_plus_rate_times_time() {
+    let mut l = ledger(ACME);
+    let mut total = 0u64;
+    let mut t = T0;
+    for i in 0..2_000u64 {
+        t += 7 + i % 13;
+        if let Response::Granted(g) = acquire(
+            &mut l,
+            t,
+            "eu",
+            &format!("gw{}", i % 6),
+            9 * T,
+            &format!("q{i}"),
+        ) {
+            total += g.granted;
+            // Spend nothing is reported: the worst case for the bound.
+        }
+        let elapsed_ms = t - T0;
+        let bound = 40 * T + 10 * T * elapsed_ms / 1000;
+        assert!(
+            total <= bound,
+            "granted {total} > bound {bound} at {elapsed_ms} ms"
+        );
+    }
+    assert!(total > 40 * T, "the bucket refilled and was granted again");
+}
+
+#[test]
+fn reports_are_fenced_max_merged_and_clamped() {
+    let mut l = ledger(ACME);
+    let g = granted(&acquire(&mut l, T0, "eu", "gw1", 10 * T, "r1"));
+    let before = l.snapshot();
+    let stale = l.apply_at(
+        &Command::Report {
+            allocation_id: g.allocation_id,
+            epoch: g.epoch + 1,
+            cumulative_spend: T,
+        },
+        T0 + 1,
+    );
+    assert!(matches!(
+        stale,
+        Response::Rejected(LedgerError::FailedPrecondition(_))
+    ));
+    let unknown = l.apply_at(
+        &Command::Report {
+            allocation_id: 999,
+            epoch: 1,
+            cumulative_spend: T,
+        },
+        T0 + 1,
+    );
+    assert!(matches!(
+        unknown,
+        Response::Rejected(LedgerError::NotFound(_))
+    ));
+    assert_eq!(l.snapshot(), {
+        let mut c = Ledger::restore(&before).unwrap();
+        c.last_ms = T0 + 1;
+        c.snapshot()
+    });
+    let rep = |l: &mut Ledger, s: u64| {
+        l.apply_at(
+            &Command::Report {
+                allocation_id: g.allocation_id,
+                epoch: g.epoch,
+                cumulative_spend: s,
+            },
+            T0 + 2,
+        )
+    };
+    assert_eq!(
+        rep(&mut l, 4 * T),
+        Response::Reported {
+            recorded: 4 * T,
+            expires_at_ms: g.expires_at_ms
+        }
+    );
+    // Cumulative: an older, smaller report changes nothing.
+    assert_eq!(
+        rep(&mut l, 2 * T),
+        Response::Reported {
+            recorded: 4 * T,
+            expires_at_ms: g.expires_at_ms
+        }
+    );
+    // Beyond the grant: clamped and counted.
+    assert_eq!(
+        rep(&mut l, 15 * T),
+        Response::Reported {
+            recorded: 10 * T,
+            expires_at_ms: g.expires_at_ms
+        }
+    );
+    assert_eq!(
+        l.violations(),
+        Violations {
+            count: 1,
+            excess: 5 * T
+        }
+    );
+    let s = l.status(&key("acme"), T0 + 2).unwrap();
+    assert_eq!(
+        (
+            s.regions[0].granted,
+            s.regions[0].reported,
+            s.regions[0].overshoot_bound
+        ),
+        (10 * T, 10 * T, 0)
+    );
+}
+
+#[test]
+fn release_returns_unspent_tokens_never_above_capacity() {
+    let mut l = ledger(ACME);
+    let g = granted(&acquire(&mut l, T0, "eu", "gw1", 20 * T, "r1"));
+    let r = l.apply_at(
+        &Command::Release {
+            allocation_id: g.allocation_id,
+            epoch: g.epoch,
+            final_spend: 5 * T,
+        },
+        T0 + 100,
+    );
+    assert_eq!(r, Response::Released { returned: 15 * T });
+    // 20 left + 1 refilled in 100 ms + 15 returned = 36.
+    assert_eq!(
+        l.status(&key("acme"), T0 + 100).unwrap().bucket_tokens,
+        36 * T
+    );
+    // A retried release gets the same answer; a different final spend is refused.
+    let again = l.apply_at(
+        &Command::Release {
+            allocation_id: g.allocation_id,
+            epoch: g.epoch,
+            final_spend: 5 * T,
+        },
+        T0 + 101,
+    );
+    assert_eq!(again, Response::Released { returned: 15 * T });
+    let other = l.apply_at(
+        &Command::Release {
+            allocation_id: g.allocation_id,
+            epoch: g.epoch,
+            final_spend: 6 * T,
+        },
+        T0 + 101,
+    );
+    assert!(matches!(
+        other,
+        Response::Rejected(LedgerError::FailedPrecondition(_))
+    ));
+    // Releasing after a long idle never lifts the bucket above capacity.
+    let g2 = granted(&acquire(&mut l, T0 + 200, "eu", "gw1", 20 * T, "r2"));
+    let r = l.apply_at(
+        &Command::Release {
+            allocation_id: g2.allocation_id,
+            epoch: g2.epoch,
+            final_spend: 0,
+        },
+        T0 + 4_000,
+    );
+    assert_eq!(r, Response::Released { returned: 20 * T });
+    assert_eq!(
+        l.status(&key("acme"), T0 + 4_000).unwrap().bucket_tokens,
+        40 * T
+    );
+}
+
+#[test]
+fn expired_allocations_strand_their_unreported_tokens() {
+    let mut l = ledger(ACME);
+    let g = granted(&acquire(&mut l, T0, "eu", "gw1", 20 * T, "r1"));
+    l.apply_at(
+        &Command::Report {
+            allocation_id: g.allocation_id,
+            epoch: 1,
+            cumulative_spend: 6 * T,
+        },
+        T0 + 10,
+    );
+    let s = l.status(&key("acme"), T0 + 10).unwrap();
+    assert_eq!(s.regions[0].overshoot_bound, 14 * T);
+    assert_eq!(l.overshoot_bound(), 14 * T);
+    // Still live at expires_at + drift − 1 ms.
+    l.apply_at(&Command::Tick, g.expires_at_ms + 499);
+    assert_eq!(
+        l.allocation(g.allocation_id).unwrap().state,
+        AllocationState::Live
+    );
+    l.apply_at(&Command::Tick, g.expires_at_ms + 500);
+    assert_eq!(
+        l.allocation(g.allocation_id).unwrap().state,
+        AllocationState::Expired
+    );
+    let s = l.status(&key("acme"), g.expires_at_ms + 500).unwrap();
+    assert_eq!(
+        (
+            s.regions[0].live_allocations,
+            s.regions[0].stranded,
+            s.regions[0].overshoot_bound
+        ),
+        (0, 14 * T, 0)
+    );
+    // Dead allocations take no reports or releases.
+    let r = l.apply_at(
+        &Command::Report {
+            allocation_id: g.allocation_id,
+            epoch: 1,
+            cumulative_spend: 7 * T,
+        },
+        T0 + 6000,
+    );
+    assert!(matches!(
+        r,
+        Response::Rejected(LedgerError::FailedPrecondition(_))
+    ));
+}
+
+#[test]
+fn epochs_increase_and_ids_are_never_reused() {
+    let mut l = ledger(ACME);
+    let mut last_id = 0;
+    let mut last_epoch = 0;
+    for i in 0..20u64 {
+        let t = T0 + i * 3_000;
+        let g = granted(&acquire(&mut l, t, "eu", "gw1", T, &format!("r{i}")));
+        assert!(g.allocation_id > last_id && g.epoch > last_epoch);
+        last_id = g.allocation_id;
+        last_epoch = g.epoch;
+    }
+}
+
+#[test]
+fn scarce_quota_is_divided_fairly_not_first_come() {
+    let mut l = ledger(ACME);
+    // Six gateways each want the whole burst: after the first three the pool is shared.
+    let mut grants = Vec::new();
+    for i in 0..6 {
+        let r = acquire(
+            &mut l,
+            T0,
+            "eu",
+            &format!("gw{i}"),
+            40 * T,
+            &format!("r{i}"),
+        );
+        grants.push(match r {
+            Response::Granted(g) => g.granted,
+            _ => 0,
+        });
+    }
+    // gw0: min(20 max grant, 40) = 20; gw1: fair half of 20 = 10; gw2: a third of 10 → 3; …
+    // and gw5's part (5/6 of a token) is no whole token: denied rather than stranded.
+    assert_eq!(grants, vec![20 * T, 10 * T, 3 * T, 1 * T, 1 * T, 0]);
+    assert!(grants.iter().sum::<u64>() <= 40 * T);
+}
+
+#[test]
+fn versioned_handoff_moves_share_only_after_old_allocations_end() {
+    let mut l = ledger(REGIONAL);
+    let ap = granted(&acquire(&mut l, T0, "ap-south", "ap1", 100 * T, "a1"));
+    assert_eq!(ap.granted, 100 * T); // 10% of 1000
+    let eu = granted(&acquire(&mut l, T0, "eu-west", "eu1", 1000 * T, "e1"));
+    assert_eq!(eu.granted, 500 * T); // 50% of 1000
+                                     // Lower ap-south to 0 and raise eu-west to 60%.
+    let r = l.apply_at(
+        &Command::SetShares {
+            policy: "global-1000".into(),
+            shares: vec![
+                ShareSpec {
+                    region: "ap-south".into(),
+                    share: Share::Ppm(0),
+                },
+                ShareSpec {
+                    region: "eu-west".into(),
+                    share: Share::Rate(600),
+                },
+            ],
+            config_version: 1,
+        },
+        T0 + 1,
+    );
+    assert_eq!(r, Response::SharesSet { config_version: 1 });
+    let share = |l: &Ledger, region: &str, t: u64| {
+        l.status(&key("acme"), t)
+            .unwrap()
+            .regions
+            .iter()
+            .find(|r| r.region == region)
+            .and_then(|r| r.share_ppm)
+    };
+    assert_eq!(
+        share(&l, "eu-west", T0 + 1),
+        Some(500_000),
+        "ap-south still holds its allocation"
+    );
+    assert_eq!(
+        share(&l, "ap-south", T0 + 1),
+        Some(0),
+        "renewals stop at once"
+    );
+    match acquire(&mut l, T0 + 2, "ap-south", "ap1", T, "a2") {
+        Response::Denied(d) => assert!(d.reason.contains("no share"), "{d:?}"),
+        other => panic!("{other:?}"),
+    }
+    // A stale share version is refused.
+    let r = l.apply_at(
+        &Command::SetShares {
+            policy: "global-1000".into(),
+            shares: vec![],
+            config_version: 1,
+        },
+        T0 + 2,
+    );
+    assert!(matches!(
+        r,
+        Response::Rejected(LedgerError::FailedPrecondition(_))
+    ));
+    // ap-south releases with its final spend: the share moves.
+    l.apply_at(
+        &Command::Release {
+            allocation_id: ap.allocation_id,
+            epoch: ap.epoch,
+            final_spend: 40 * T,
+        },
+        T0 + 3,
+    );
+    assert_eq!(share(&l, "eu-west", T0 + 3), Some(600_000));
+    // The next eu-west grant is in a greater epoch and may use the larger share.
+    let eu2 = granted(&acquire(
+        &mut l,
+        T0 + 1_000,
+        "eu-west",
+        "eu1",
+        1000 * T,
+        "e2",
+    ));
+    assert!(eu2.epoch > eu.epoch);
+    // Shares above 100% are refused and change nothing.
+    let r = l.apply_at(
+        &Command::SetShares {
+            policy: "global-1000".into(),
+            shares: vec![ShareSpec {
+                region: "us-east".into(),
+                share: Share::Ppm(500_000),
+            }],
+            config_version: 2,
+        },
+        T0 + 1_001,
+    );
+    assert!(
+        matches!(r, Response::Rejected(LedgerError::InvalidArgument(_))),
+        "{r:?}"
+    );
+}
+
+#[test]
+fn handoff_also_completes_when_the_old_allocation_expires() {
+    let mut l = ledger(REGIONAL);
+    let ap = granted(&acquire(&mut l, T0, "ap-south", "ap1", 100 * T, "a1"));
+    l.apply_at(
+        &Command::SetShares {
+            policy: "global-1000".into(),
+            shares: vec![
+                ShareSpec {
+                    region: "ap-south".into(),
+                    share: Share::Ppm(0),
+                },
+                ShareSpec {
+                    region: "eu-west".into(),
+                    share: Share::Ppm(600_000),
+                },
+            ],
+            config_version: 1,
+        },
+        T0 + 1,
+    );
+    let eu_share = |l: &Ledger, t| {
+        l.status(&key("acme"), t)
+            .unwrap()
+            .regions
+            .iter()
+            .find(|r| r.region == "eu-west")
+            .and_then(|r| r.share_ppm)
+    };
+    acquire(&mut l, T0 + 2, "eu-west", "eu1", T, "e1");
+    l.apply_at(&Command::Tick, ap.expires_at_ms + 99);
+    assert_eq!(eu_share(&l, ap.expires_at_ms + 99), Some(500_000));
+    l.apply_at(&Command::Tick, ap.expires_at_ms + 100);
+    assert_eq!(eu_share(&l, ap.expires_at_ms + 100), Some(600_000));
+}
+
+#[test]
+fn fixed_window_allocations_never_outlive_their_window() {
+    let yaml = "domain: api\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: minute, requests_per_unit: 100, algorithm: fixed_window, lease: {ttl_ms: 30000, max_grant: 100}}\n";
+    let mut l = ledger(yaml);
+    // T0 is 21:35:00.000: the minute window ends at 21:36:00.
+    let t = T0 + 45_000;
+    let g = granted(&acquire(&mut l, t, "eu", "gw", 80 * T, "r1"));
+    assert_eq!(g.expires_at_ms, T0 + 60_000);
+    let g2 = granted(&acquire(&mut l, t, "eu", "gw", 80 * T, "r2"));
+    assert_eq!(g2.granted, 20 * T);
+    assert!(
+        matches!(acquire(&mut l, t, "eu", "gw3", T, "r3"), Response::Denied(ref d) if d.retry_after_ms == 15_000)
+    );
+}
+
+#[test]
+fn sliding_algorithms_cannot_be_leased_globally() {
+    let mut l = Ledger::default();
+    let yaml = "domain: api\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: minute, requests_per_unit: 5, algorithm: sliding_log, name: logins}\n";
+    let r = l.apply_at(
+        &Command::PutPolicy {
+            yaml: yaml.into(),
+            expected_version: 0,
+        },
+        T0,
+    );
+    match r {
+        Response::Rejected(LedgerError::InvalidArgument(m)) => assert!(
+            m.contains("logins") && m.contains("sliding_log") && m.contains("global"),
+            "{m}"
+        ),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(l.policy_version("api"), 0);
+    let local = "domain: api\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: minute, requests_per_unit: 5, algorithm: sliding_log, scope: local}\n";
+    let r = l.apply_at(
+        &Command::PutPolicy {
+            yaml: local.into(),
+            expected_version: 0,
+        },
+        T0,
+    );
+    assert!(matches!(r, Response::PolicyPut { version: 1, .. }));
+    let r = acquire(&mut l, T0, "eu", "gw", T, "r1");
+    assert!(
+        matches!(r, Response::Rejected(LedgerError::FailedPrecondition(_))),
+        "{r:?}"
+    );
+}
+
+#[test]
+fn bad_input_is_refused_precisely_and_changes_nothing() {
+    let mut l = ledger(REGIONAL);
+    let before = l.snapshot();
+    let cases: Vec<(Command, &str)> = vec![
+        (Command::Acquire(Acquire { key: key("acme"), region: "eu-west".into(), holder: "h".into(), want: 0, request_id: "x".into() }), "invalid"),
+        (Command::Acquire(Acquire { key: key("acme"), region: "mars".into(), holder: "h".into(), want: T, request_id: "x".into() }), "not found"),
+        (Command::Acquire(Acquire { key: PolicyKey { domain: "nope".into(), entries: vec![("tenant".into(), "a".into())] }, region: "eu-west".into(), holder: "h".into(), want: T, request_id: "x".into() }), "not found"),
+        (Command::Acquire(Acquire { key: PolicyKey { domain: "api".into(), entries: vec![("tenant".into(), String::new())] }, region: "eu-west".into(), holder: "h".into(), want: T, request_id: "x".into() }), "invalid"),
+        (Command::Acquire(Acquire { key: PolicyKey { domain: "api".into(), entries: vec![("user".into(), "u".into())] }, region: "eu-west".into(), holder: "h".into(), want: T, request_id: "x".into() }), "not found"),
+        (Command::Acquire(Acquire { key: key("acme"), region: "eu-west".into(), holder: String::new(), want: T, request_id: "x".into() }), "invalid"),
+        (Command::PutPolicy { yaml: "domain: api\ndescriptors: [{key: k, rate_limit: {unit: second, requests_per_unit: 0}}]\n".into(), expected_version: 1 }, "invalid"),
+        (Command::PutPolicy { yaml: REGIONAL.into(), expected_version: 7 }, "failed precondition"),
+        (Command::SetShares { policy: "nope".into(), shares: vec![], config_version: 1 }, "not found"),
+        (Command::Release { allocation_id: 12, epoch: 1, final_spend: 0 }, "not found"),
+    ];
+    for (cmd, want) in cases {
+        let r = l.apply_at(&cmd, T0);
+        match &r {
+            Response::Rejected(e) => assert!(e.to_string().starts_with(want), "{cmd:?}: {e}"),
+            other => panic!("{cmd:?} was not refused: {other:?}"),
+        }
+    }
+    assert_eq!(l.snapshot(), before, "refused commands changed state");
+}
+
+#[test]
+fn calendar_quota_limits_grants_and_resets_next_month() {
+    let yaml = "domain: api\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: second, requests_per_unit: 1000, burst: 1000, quota: {limit: 50, period: month}, lease: {max_grant: 30}}\n";
+    let mut l = ledger(yaml);
+    assert_eq!(
+        granted(&acquire(&mut l, T0, "eu", "gw", 30 * T, "r1")).granted,
+        30 * T
+    );
+    assert_eq!(
+        granted(&acquire(&mut l, T0, "eu", "gw", 30 * T, "r2")).granted,
+        20 * T
+    );
+    let dec_1 = 1_796_083_200_000; // 2026-12-01T00:00:00Z
+    match acquire(&mut l, T0 + 1000, "eu", "gw", 30 * T, "r3") {
+        Response::Denied(d) => {
+            assert_eq!(d.retry_after_ms, dec_1 - (T0 + 1000));
+            assert!(d.reason.contains("calendar"), "{d:?}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        granted(&acquire(&mut l, dec_1, "eu", "gw", 30 * T, "r4")).granted,
+        30 * T
+    );
+}
+
+#[test]
+fn idle_keys_are_evicted_at_the_cap_active_ones_are_not() {
+    let yaml = "domain: api\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: second, requests_per_unit: 10, burst: 10, max_keys: 2}\n";
+    let mut l = ledger(yaml);
+    let acq = |l: &mut Ledger, tenant: &str, t: u64, id: &str| {
+        l.apply_at(
+            &Command::Acquire(Acquire {
+                key: key(tenant),
+                region: "eu".into(),
+                holder: "gw".into(),
+                want: T,
+                request_id: id.into(),
+            }),
+            t,
+        )
+    };
+    let a = granted(&acq(&mut l, "a", T0, "1"));
+    granted(&acq(&mut l, "b", T0, "2"));
+    let r = acq(&mut l, "c", T0, "3");
+    assert!(
+        matches!(r, Response::Rejected(LedgerError::ResourceExhausted(_))),
+        "{r:?}"
+    );
+    l.apply_at(
+        &Command::Release {
+            allocation_id: a.allocation_id,
+            epoch: a.epoch,
+            final_spend: T,
+        },
+        T0 + 10,
+    );
+    // "a" has no live allocation but its bucket is not full yet: still not idle.
+    assert!(matches!(
+        acq(&mut l, "c", T0 + 10, "4"),
+        Response::Rejected(LedgerError::ResourceExhausted(_))
+    ));
+    // After refill "a" is idle and makes room.
+    granted(&acq(&mut l, "c", T0 + 200, "5"));
+    assert_eq!(l.key_count(), 2);
+}
+
+#[test]
+fn stamped_time_never_goes_back_and_snapshots_round_trip() {
+    let mut l = ledger(ACME);
+    let g = granted(&acquire(&mut l, T0 + 1000, "eu", "gw1", 20 * T, "r1"));
+    // An entry stamped earlier is applied at the latest time seen.
+    let g2 = granted(&acquire(&mut l, T0, "eu", "gw2", 20 * T, "r2"));
+    assert_eq!(g2.issued_at_ms, T0 + 1000);
+    assert_eq!(l.last_ms(), T0 + 1000);
+    let bytes = l.snapshot();
+    let r = Ledger::restore(&bytes).unwrap();
+    assert_eq!(r.snapshot(), bytes);
+    assert_eq!(r.allocation(g.allocation_id), l.allocation(g.allocation_id));
+    assert!(Ledger::restore(&bytes[..bytes.len() / 2]).is_err());
+}

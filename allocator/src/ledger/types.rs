@@ -1,0 +1,204 @@
+//! Commands, responses and errors of the lease ledger: what crosses the Raft log.
+
+use serde::{Deserialize, Serialize};
+
+/// The key a global quota is kept under: a domain and a request descriptor's entries.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct PolicyKey {
+    /// Config domain.
+    pub domain: String,
+    /// Descriptor entries (key, value), outermost first.
+    pub entries: Vec<(String, String)>,
+}
+
+/// A region's share as an operator states it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Share {
+    /// Parts per million of the policy's rate and capacity.
+    Ppm(u32),
+    /// Absolute requests per unit (at most the policy's `requests_per_unit`).
+    Rate(u64),
+}
+
+/// A region and its share, for [`Command::SetShares`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShareSpec {
+    /// Region name.
+    pub region: String,
+    /// Its share.
+    pub share: Share,
+}
+
+/// Ask for a batch of tokens (seed §21).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Acquire {
+    /// Which global quota.
+    pub key: PolicyKey,
+    /// Region of the holder.
+    pub region: String,
+    /// Holder (agent id) inside the region.
+    pub holder: String,
+    /// Microtokens wanted over one lease period; > 0.
+    pub want: u64,
+    /// Client-chosen id: a retry with the same (holder, id) gets the same answer, charged once.
+    pub request_id: String,
+}
+
+/// A state-changing command. Every command is applied at the leader-stamped time of its entry.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Command {
+    /// Install a new version of one domain's policy document (YAML).
+    PutPolicy {
+        /// The document.
+        yaml: String,
+        /// Version the caller expects to replace (0 for a new domain).
+        expected_version: u64,
+    },
+    /// Set a policy's regional shares (versioned handoff, seed §22).
+    SetShares {
+        /// Policy (rule) name.
+        policy: String,
+        /// New shares; regions not listed keep theirs.
+        shares: Vec<ShareSpec>,
+        /// Must be greater than the policy's current share version.
+        config_version: u64,
+    },
+    /// Lease tokens.
+    Acquire(Acquire),
+    /// Report cumulative spend (max-merged, idempotent).
+    Report {
+        /// Allocation id.
+        allocation_id: u64,
+        /// Its epoch.
+        epoch: u64,
+        /// Cumulative microtokens spent since the grant.
+        cumulative_spend: u64,
+    },
+    /// Hand an allocation back with its final spend.
+    Release {
+        /// Allocation id.
+        allocation_id: u64,
+        /// Its epoch.
+        epoch: u64,
+        /// Final cumulative microtokens spent.
+        final_spend: u64,
+    },
+    /// Advance time only: expire allocations, finish handoffs.
+    Tick,
+}
+
+/// A granted allocation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Grant {
+    /// Never reused.
+    pub allocation_id: u64,
+    /// Strictly increasing per policy + region + holder.
+    pub epoch: u64,
+    /// Microtokens granted; > 0.
+    pub granted: u64,
+    /// Leader-stamped grant time, Unix ms.
+    pub issued_at_ms: u64,
+    /// Expiry, Unix ms; the holder must stop spending before it.
+    pub expires_at_ms: u64,
+    /// Policy document version it was granted under.
+    pub policy_version: u64,
+}
+
+/// Nothing could be granted now.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Denial {
+    /// When asking again can succeed, ms from now (from the buckets' refill).
+    pub retry_after_ms: u64,
+    /// What ran out.
+    pub reason: String,
+    /// Policy document version that denied.
+    pub policy_version: u64,
+}
+
+/// The result of applying a command.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Response {
+    /// A policy version is in force.
+    PolicyPut {
+        /// Domain of the document.
+        domain: String,
+        /// Version now in force.
+        version: u64,
+    },
+    /// Shares are set.
+    SharesSet {
+        /// Share version now in force.
+        config_version: u64,
+    },
+    /// Acquire granted.
+    Granted(Grant),
+    /// Acquire denied.
+    Denied(Denial),
+    /// Report recorded.
+    Reported {
+        /// Recorded cumulative spend after the merge, microtokens.
+        recorded: u64,
+        /// Expiry, Unix ms.
+        expires_at_ms: u64,
+    },
+    /// Release done.
+    Released {
+        /// Microtokens returned to the bucket.
+        returned: u64,
+    },
+    /// Tick applied.
+    Ticked,
+    /// The command was refused; nothing changed.
+    Rejected(LedgerError),
+}
+
+/// Why a command was refused. Each maps to one gRPC status code.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum LedgerError {
+    /// Malformed input: INVALID_ARGUMENT.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// Unknown policy, domain, region or allocation: NOT_FOUND.
+    #[error("not found: {0}")]
+    NotFound(String),
+    /// Stale epoch, finished allocation, version mismatch: FAILED_PRECONDITION.
+    #[error("failed precondition: {0}")]
+    FailedPrecondition(String),
+    /// A bound (keys per policy) is reached: RESOURCE_EXHAUSTED.
+    #[error("resource exhausted: {0}")]
+    ResourceExhausted(String),
+}
+
+/// Per-region view of one policy key (seed §23: the overshoot bound as a number).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegionStatus {
+    /// Region name.
+    pub region: String,
+    /// Live (unexpired, unreleased) allocations.
+    pub live_allocations: u64,
+    /// Σ granted over live allocations, microtokens.
+    pub granted: u64,
+    /// Σ reported spend over live allocations, microtokens.
+    pub reported: u64,
+    /// Unreported tokens of allocations that expired (they stay spent), microtokens, cumulative.
+    pub stranded: u64,
+    /// Σ(granted − reported) over live allocations, microtokens.
+    pub overshoot_bound: u64,
+    /// Effective share in parts per million, when the policy has regional shares.
+    pub share_ppm: Option<u32>,
+}
+
+/// Status of one policy key.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyStatus {
+    /// Policy (rule) name.
+    pub policy: String,
+    /// Policy document version.
+    pub policy_version: u64,
+    /// Microtokens in the global bucket (or left in the current window) now.
+    pub bucket_tokens: u64,
+    /// Microtokens left in the calendar quota's current period, when configured.
+    pub calendar_remaining: Option<u64>,
+    /// Per region, sorted by name.
+    pub regions: Vec<RegionStatus>,
+}

@@ -1,0 +1,50 @@
+//! The replicated application seen by the Raft layer.
+
+/// Why an application snapshot could not be restored.
+#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+pub enum AppError {
+    /// The snapshot bytes do not decode into the application's state (truncated, corrupt, or
+    /// written by an incompatible version).
+    #[error("application snapshot does not decode: {0}")]
+    CorruptSnapshot(String),
+}
+
+/// The replicated application. `now_ms` is the leader-stamped time carried in the log entry.
+///
+/// Every replica applies the same commands with the same stamped times in the same order, so
+/// `apply` must be deterministic: no wall clock, no randomness, no iteration over unordered maps
+/// whose order could differ between processes.
+pub trait App: Default + Send + Sync + 'static {
+    /// A state-changing command, carried in a Raft log entry.
+    type Command: serde::Serialize
+        + serde::de::DeserializeOwned
+        + Clone
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static;
+    /// The result of applying a command, returned to the proposer after commit.
+    type Response: serde::Serialize
+        + serde::de::DeserializeOwned
+        + Clone
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static;
+
+    /// Applies `cmd` at `stamped_now_ms` (Unix milliseconds, stamped by the leader when it
+    /// proposed the entry, never smaller than the time of the previous entry). Rejections are
+    /// part of `Response`: apply itself cannot fail.
+    fn apply(&mut self, cmd: &Self::Command, stamped_now_ms: u64) -> Self::Response;
+
+    /// Serialises the whole state (bincode 2) for a Raft snapshot.
+    fn snapshot(&self) -> Vec<u8>;
+
+    /// Rebuilds the state from [`App::snapshot`] bytes.
+    ///
+    /// # Errors
+    /// [`AppError::CorruptSnapshot`] when the bytes do not decode.
+    fn restore(bytes: &[u8]) -> Result<Self, AppError>
+    where
+        Self: Sized;
+}

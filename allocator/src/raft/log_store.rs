@@ -1,0 +1,283 @@
+//! The Raft log and vote, stored in sled.
+//!
+//! Tree `log`: key = entry index as big-endian `u64` (so byte order is index order), value =
+//! bincode-2 entry. Tree `meta`: the vote, the last committed log id and the last purged log id,
+//! bincode-2 encoded.
+
+// openraft's storage traits return `StorageError` by value; the helpers here return the same
+// type so `?` composes without boxing.
+#![allow(clippy::result_large_err)]
+
+use std::fmt::Debug;
+use std::marker::PhantomData;
+use std::ops::{Bound, RangeBounds};
+
+use openraft::storage::{LogFlushed, RaftLogStorage};
+use openraft::{
+    LogId, LogState, OptionalSend, RaftLogId, RaftLogReader, RaftTypeConfig, StorageError,
+    StorageIOError, Vote,
+};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use super::codec::{decode, encode};
+use super::types::NodeId;
+
+/// Name of the sled tree holding log entries.
+pub const LOG_TREE: &str = "log";
+/// Name of the sled tree holding vote, committed and last purged log ids.
+pub const META_TREE: &str = "meta";
+
+const KEY_VOTE: &[u8] = b"vote";
+const KEY_COMMITTED: &[u8] = b"committed";
+const KEY_LAST_PURGED: &[u8] = b"last_purged";
+
+/// Raft log storage on two trees of one sled database.
+///
+/// Cloning is cheap and clones share the same trees, which is what the log reader handed to
+/// replication tasks relies on.
+pub struct SledLogStore<C> {
+    db: sled::Db,
+    log: sled::Tree,
+    meta: sled::Tree,
+    _types: PhantomData<fn() -> C>,
+}
+
+impl<C> Clone for SledLogStore<C> {
+    fn clone(&self) -> Self {
+        Self {
+            db: self.db.clone(),
+            log: self.log.clone(),
+            meta: self.meta.clone(),
+            _types: PhantomData,
+        }
+    }
+}
+
+impl<C> Debug for SledLogStore<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SledLogStore")
+            .field("entries", &self.log.len())
+            .finish()
+    }
+}
+
+fn index_key(index: u64) -> [u8; 8] {
+    index.to_be_bytes()
+}
+
+impl<C> SledLogStore<C>
+where
+    C: RaftTypeConfig<NodeId = NodeId>,
+    C::Entry: Serialize + DeserializeOwned,
+{
+    /// Opens (creating if needed) the `log` and `meta` trees of `db`.
+    ///
+    /// # Errors
+    /// The sled error when a tree cannot be opened.
+    pub fn open(db: &sled::Db) -> Result<Self, sled::Error> {
+        Ok(Self {
+            db: db.clone(),
+            log: db.open_tree(LOG_TREE)?,
+            meta: db.open_tree(META_TREE)?,
+            _types: PhantomData,
+        })
+    }
+
+    fn read_meta<T: DeserializeOwned>(
+        &self,
+        key: &[u8],
+        on_err: fn(openraft::AnyError) -> StorageIOError<NodeId>,
+    ) -> Result<Option<T>, StorageError<NodeId>> {
+        let bytes = self
+            .meta
+            .get(key)
+            .map_err(|e| on_err(openraft::AnyError::new(&e)))?;
+        match bytes {
+            None => Ok(None),
+            Some(b) => decode(&b)
+                .map(Some)
+                .map_err(|e| on_err(openraft::AnyError::new(&e)).into()),
+        }
+    }
+
+    fn write_meta<T: Serialize>(
+        &self,
+        key: &[u8],
+        value: &T,
+        on_err: fn(openraft::AnyError) -> StorageIOError<NodeId>,
+    ) -> Result<(), StorageError<NodeId>> {
+        let bytes = encode(value).map_err(|e| on_err(openraft::AnyError::new(&e)))?;
+        self.meta
+            .insert(key, bytes)
+            .map_err(|e| on_err(openraft::AnyError::new(&e)))?;
+        Ok(())
+    }
+
+    fn last_purged(&self) -> Result<Option<LogId<NodeId>>, StorageError<NodeId>> {
+        self.read_meta(KEY_LAST_PURGED, StorageIOError::read_logs)
+    }
+
+    fn decode_entry(bytes: &[u8]) -> Result<C::Entry, StorageError<NodeId>> {
+        decode(bytes).map_err(|e| StorageIOError::read_logs(&e).into())
+    }
+}
+
+impl<C> RaftLogReader<C> for SledLogStore<C>
+where
+    C: RaftTypeConfig<NodeId = NodeId>,
+    C::Entry: Serialize + DeserializeOwned,
+{
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
+        &mut self,
+        range: RB,
+    ) -> Result<Vec<C::Entry>, StorageError<NodeId>> {
+        // An excluded start of u64::MAX is an empty range; checked_add keeps that from wrapping.
+        let start = match range.start_bound() {
+            Bound::Included(i) => Bound::Included(index_key(*i)),
+            Bound::Excluded(i) => match i.checked_add(1) {
+                Some(next) => Bound::Included(index_key(next)),
+                None => return Ok(Vec::new()),
+            },
+            Bound::Unbounded => Bound::Unbounded,
+        };
+        let end = match range.end_bound() {
+            Bound::Included(i) => Bound::Included(index_key(*i)),
+            Bound::Excluded(i) => Bound::Excluded(index_key(*i)),
+            Bound::Unbounded => Bound::Unbounded,
+        };
+        if let (Bound::Included(s), Bound::Excluded(e)) = (&start, &end) {
+            // sled panics on a range whose start is after its end.
+            if s >= e {
+                return Ok(Vec::new());
+            }
+        }
+        if let (Bound::Included(s), Bound::Included(e)) = (&start, &end) {
+            if s > e {
+                return Ok(Vec::new());
+            }
+        }
+        let mut entries = Vec::new();
+        for item in self.log.range::<[u8; 8], _>((start, end)) {
+            let (_, value) = item.map_err(|e| StorageIOError::read_logs(&e))?;
+            entries.push(Self::decode_entry(&value)?);
+        }
+        Ok(entries)
+    }
+}
+
+impl<C> RaftLogStorage<C> for SledLogStore<C>
+where
+    C: RaftTypeConfig<NodeId = NodeId>,
+    C::Entry: Serialize + DeserializeOwned,
+{
+    type LogReader = Self;
+
+    async fn get_log_state(&mut self) -> Result<LogState<C>, StorageError<NodeId>> {
+        let last_purged_log_id = self.last_purged()?;
+        let last = self.log.last().map_err(|e| StorageIOError::read_logs(&e))?;
+        // max() covers a crash between recording a purge and removing its entries.
+        let last_log_id = match last {
+            Some((_, value)) => {
+                let last_entry = Some(*Self::decode_entry(&value)?.get_log_id());
+                std::cmp::max(last_entry, last_purged_log_id)
+            }
+            None => last_purged_log_id,
+        };
+        Ok(LogState {
+            last_purged_log_id,
+            last_log_id,
+        })
+    }
+
+    async fn get_log_reader(&mut self) -> Self::LogReader {
+        self.clone()
+    }
+
+    async fn save_vote(&mut self, vote: &Vote<NodeId>) -> Result<(), StorageError<NodeId>> {
+        self.write_meta(KEY_VOTE, vote, StorageIOError::write_vote)?;
+        // Raft safety needs the vote on disk before any reply that depends on it.
+        self.meta
+            .flush_async()
+            .await
+            .map_err(|e| StorageIOError::write_vote(&e))?;
+        Ok(())
+    }
+
+    async fn read_vote(&mut self) -> Result<Option<Vote<NodeId>>, StorageError<NodeId>> {
+        self.read_meta(KEY_VOTE, StorageIOError::read_vote)
+    }
+
+    async fn save_committed(
+        &mut self,
+        committed: Option<LogId<NodeId>>,
+    ) -> Result<(), StorageError<NodeId>> {
+        // Not flushed: after a crash a smaller committed only delays re-applying entries, it
+        // never makes an uncommitted entry look committed because later writes flush it.
+        self.write_meta(KEY_COMMITTED, &committed, StorageIOError::write)
+    }
+
+    async fn read_committed(&mut self) -> Result<Option<LogId<NodeId>>, StorageError<NodeId>> {
+        Ok(self
+            .read_meta::<Option<LogId<NodeId>>>(KEY_COMMITTED, StorageIOError::read)?
+            .flatten())
+    }
+
+    async fn append<I>(
+        &mut self,
+        entries: I,
+        callback: LogFlushed<C>,
+    ) -> Result<(), StorageError<NodeId>>
+    where
+        I: IntoIterator<Item = C::Entry> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let mut batch = sled::Batch::default();
+        for entry in entries {
+            let log_id = *entry.get_log_id();
+            let value = encode(&entry).map_err(|e| StorageIOError::write_log_entry(log_id, &e))?;
+            batch.insert(&index_key(log_id.index), value);
+        }
+        self.log
+            .apply_batch(batch)
+            .map_err(|e| StorageIOError::write_logs(&e))?;
+        let flushed = self.log.flush_async().await;
+        callback.log_io_completed(flushed.map(|_| ()).map_err(std::io::Error::other));
+        Ok(())
+    }
+
+    async fn truncate(&mut self, log_id: LogId<NodeId>) -> Result<(), StorageError<NodeId>> {
+        let mut batch = sled::Batch::default();
+        for item in self.log.range(index_key(log_id.index)..) {
+            let (key, _) = item.map_err(|e| StorageIOError::write_logs(&e))?;
+            batch.remove(key);
+        }
+        self.log
+            .apply_batch(batch)
+            .map_err(|e| StorageIOError::write_logs(&e))?;
+        self.log
+            .flush_async()
+            .await
+            .map_err(|e| StorageIOError::write_logs(&e))?;
+        Ok(())
+    }
+
+    async fn purge(&mut self, log_id: LogId<NodeId>) -> Result<(), StorageError<NodeId>> {
+        // Record the purge point first: if we crash before the entries are removed, the log
+        // state still reports them as purged and they are never served.
+        self.write_meta(KEY_LAST_PURGED, &log_id, StorageIOError::write_logs)?;
+        self.meta
+            .flush_async()
+            .await
+            .map_err(|e| StorageIOError::write_logs(&e))?;
+        let mut batch = sled::Batch::default();
+        for item in self.log.range(..=index_key(log_id.index)) {
+            let (key, _) = item.map_err(|e| StorageIOError::write_logs(&e))?;
+            batch.remove(key);
+        }
+        self.log
+            .apply_batch(batch)
+            .map_err(|e| StorageIOError::write_logs(&e))?;
+        Ok(())
+    }
+}

@@ -1,0 +1,32 @@
+//! Raft replication for the allocator: openraft 0.9 (`storage-v2`) over sled and tonic.
+//!
+//! - [`app`]: the [`App`] trait the replicated application (the ledger) implements; no openraft
+//!   type appears in it.
+//! - [`types`]: the openraft type configuration ([`AllotRaft`]), the leader-stamped log payload
+//!   ([`Stamped`]) and aliases in [`types::typ`].
+//! - [`log_store`]: the Raft log and vote in sled ([`SledLogStore`]).
+//! - [`state_machine`]: the state machine and its snapshots in sled ([`SledStateMachine`]).
+//! - [`network_out`] / [`network_in`]: the gRPC transport, client and server halves.
+//! - [`node`]: one allocator node tying the above together ([`Node`]).
+//! - [`clock`]: the injected wall clock used to stamp proposals.
+//! - [`test_app`]: a tiny [`App`] used to exercise this layer without the ledger.
+
+pub mod app;
+pub mod clock;
+mod codec;
+pub mod log_store;
+pub mod network_in;
+pub mod network_out;
+pub mod node;
+pub mod state_machine;
+pub mod test_app;
+pub mod types;
+
+pub use app::{App, AppError};
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use log_store::SledLogStore;
+pub use network_in::RaftServiceHandler;
+pub use network_out::{ChannelFactory, GrpcNetworkFactory, LazyTcpChannels};
+pub use node::{open_db, ClientError, Node, NodeConfig, NodeError, RaftTimings};
+pub use state_machine::{SledStateMachine, StateMachineHandle};
+pub use types::{AllotRaft, NodeId, Stamped};

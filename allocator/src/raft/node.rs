@@ -1,0 +1,449 @@
+//! One allocator node: sled storage, the Raft instance, the Raft gRPC server and proposals.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use allot_proto::allot::v1::raft_service_server::RaftServiceServer;
+use openraft::error::{
+    CheckIsLeaderError, ClientWriteError, ForwardToLeader, InitializeError, RaftError,
+};
+use openraft::{BasicNode, Config, SnapshotPolicy};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tokio_stream::Stream;
+use tonic::transport::server::Connected;
+
+use super::app::App;
+use super::clock::Clock;
+use super::log_store::SledLogStore;
+use super::network_in::RaftServiceHandler;
+use super::network_out::{ChannelFactory, GrpcNetworkFactory, LazyTcpChannels};
+use super::state_machine::{SledStateMachine, StateMachineError, StateMachineHandle};
+use super::types::typ::Raft;
+use super::types::{AllotRaft, NodeId, Stamped};
+
+/// Raft timing and log compaction settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RaftTimings {
+    /// Leader heartbeat period, ms.
+    pub heartbeat_ms: u64,
+    /// Lower bound of the randomised election timeout, ms; must exceed `heartbeat_ms`.
+    pub election_timeout_min_ms: u64,
+    /// Upper bound of the randomised election timeout, ms; must exceed the minimum.
+    pub election_timeout_max_ms: u64,
+    /// Build a snapshot after this many entries since the last one.
+    pub snapshot_every_logs: u64,
+    /// Entries kept in the log behind a snapshot, so slightly lagging followers catch up from
+    /// the log instead of a snapshot.
+    pub logs_kept_after_snapshot: u64,
+}
+
+impl Default for RaftTimings {
+    fn default() -> Self {
+        Self {
+            heartbeat_ms: 150,
+            election_timeout_min_ms: 750,
+            election_timeout_max_ms: 1500,
+            snapshot_every_logs: 5_000,
+            logs_kept_after_snapshot: 1_000,
+        }
+    }
+}
+
+/// How to start a [`Node`].
+#[derive(Debug, Clone)]
+pub struct NodeConfig {
+    /// This node's Raft id; unique in the cluster and stable across restarts.
+    pub id: NodeId,
+    /// Address ("host:port") peers use to reach this node's Raft service.
+    pub advertise_addr: String,
+    /// Directory of this node's sled database (created if missing).
+    pub data_dir: PathBuf,
+    /// Name shared by all nodes of one cluster (appears in logs).
+    pub cluster_name: String,
+    /// Raft timings.
+    pub timings: RaftTimings,
+}
+
+/// Why a node could not start or stop cleanly.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    /// The sled database could not be opened (missing permissions, corrupt, or still locked by
+    /// another process).
+    #[error("cannot open sled database at {path}: {source}")]
+    OpenDb {
+        /// The data directory.
+        path: PathBuf,
+        /// sled's error.
+        source: sled::Error,
+    },
+    /// The state machine could not be restored from its stored snapshot.
+    #[error("cannot restore the state machine: {0}")]
+    StateMachine(#[from] StateMachineError),
+    /// The Raft timings are inconsistent (e.g. election timeout not above the heartbeat).
+    #[error("invalid raft configuration: {0}")]
+    Config(#[from] openraft::ConfigError),
+    /// Raft stopped with a fatal error (usually a storage failure).
+    #[error("raft stopped: {0}")]
+    Fatal(String),
+    /// The node could not be initialised as a new cluster.
+    #[error("cannot initialise the cluster: {0}")]
+    Initialize(String),
+    /// The gRPC server ended with an error.
+    #[error("raft server failed: {0}")]
+    Server(String),
+    /// Flushing the database on shutdown failed.
+    #[error("cannot flush sled database: {0}")]
+    Flush(sled::Error),
+}
+
+/// Why a proposal did not produce a committed response.
+#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+pub enum ClientError {
+    /// This node is not the leader; retry on the leader when it is known.
+    #[error("not the leader; leader is {leader_id:?} at {leader_addr:?}")]
+    NotLeader {
+        /// The current leader's id, when known.
+        leader_id: Option<NodeId>,
+        /// The current leader's address ("host:port"), when known.
+        leader_addr: Option<String>,
+    },
+    /// Raft stopped on this node (shut down or a fatal storage error); the entry may or may
+    /// not have been committed.
+    #[error("raft stopped: {0}")]
+    Stopped(String),
+    /// Raft rejected the write for another reason.
+    #[error("raft rejected the write: {0}")]
+    Rejected(String),
+}
+
+/// One running allocator node for application `A`.
+pub struct Node<A: App> {
+    id: NodeId,
+    addr: String,
+    raft: Raft<A>,
+    state: StateMachineHandle<A>,
+    clock: Arc<dyn Clock>,
+    db: sled::Db,
+    server: Option<JoinHandle<Result<(), tonic::transport::Error>>>,
+    server_stop: Option<oneshot::Sender<()>>,
+}
+
+impl<A: App> Node<A> {
+    /// Starts a node serving Raft on `listener`, talking to peers over plain TCP.
+    ///
+    /// # Errors
+    /// See [`Node::start`].
+    pub async fn start_tcp(
+        config: NodeConfig,
+        clock: Arc<dyn Clock>,
+        listener: TcpListener,
+    ) -> Result<Self, NodeError> {
+        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        Self::start(
+            config,
+            clock,
+            Arc::new(LazyTcpChannels::default()),
+            incoming,
+        )
+        .await
+    }
+
+    /// Opens (or creates) the node's sled database in `config.data_dir`, restores its state,
+    /// starts Raft, and serves `allot.v1.RaftService` on the connections of `incoming`. Peers
+    /// are reached through `channels`. A restarted node with an existing database rejoins its
+    /// cluster; a new one waits for [`Node::initialize`] or to be added by a leader.
+    ///
+    /// # Errors
+    /// [`NodeError::OpenDb`], [`NodeError::StateMachine`] for unreadable storage,
+    /// [`NodeError::Config`] for bad timings, [`NodeError::Fatal`] when Raft cannot start.
+    pub async fn start<I, IO, IE>(
+        config: NodeConfig,
+        clock: Arc<dyn Clock>,
+        channels: Arc<dyn ChannelFactory>,
+        incoming: I,
+    ) -> Result<Self, NodeError>
+    where
+        I: Stream<Item = Result<IO, IE>> + Send + 'static,
+        IO: AsyncRead + AsyncWrite + Connected + Unpin + Send + 'static,
+        IE: Into<Box<dyn std::error::Error + Send + Sync>> + Send + 'static,
+    {
+        let raft_config = Config {
+            cluster_name: config.cluster_name.clone(),
+            heartbeat_interval: config.timings.heartbeat_ms,
+            election_timeout_min: config.timings.election_timeout_min_ms,
+            election_timeout_max: config.timings.election_timeout_max_ms,
+            snapshot_policy: SnapshotPolicy::LogsSinceLast(config.timings.snapshot_every_logs),
+            max_in_snapshot_log_to_keep: config.timings.logs_kept_after_snapshot,
+            // Keeps every InstallSnapshot message far below the transport's message limit.
+            snapshot_max_chunk_size: 1024 * 1024,
+            ..Config::default()
+        }
+        .validate()?;
+
+        let open_err = |source| NodeError::OpenDb {
+            path: config.data_dir.clone(),
+            source,
+        };
+        let db = open_db(&config.data_dir).await.map_err(open_err)?;
+        let log_store = SledLogStore::<AllotRaft<A>>::open(&db).map_err(open_err)?;
+        let state_machine = SledStateMachine::<A>::open(&db)?;
+        let state = state_machine.handle();
+        let network = GrpcNetworkFactory::<A>::new(config.id, channels);
+
+        let raft = openraft::Raft::new(
+            config.id,
+            Arc::new(raft_config),
+            network,
+            log_store,
+            state_machine,
+        )
+        .await
+        .map_err(|e| NodeError::Fatal(e.to_string()))?;
+
+        let (stop_tx, stop_rx) = oneshot::channel::<()>();
+        let service = RaftServiceHandler::new(raft.clone()).into_service();
+        let server = tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(service)
+                .serve_with_incoming_shutdown(incoming, async {
+                    // A dropped sender (node dropped without shutdown) also stops the server.
+                    let _ = stop_rx.await;
+                }),
+        );
+
+        Ok(Self {
+            id: config.id,
+            addr: config.advertise_addr,
+            raft,
+            state,
+            clock,
+            db,
+            server: Some(server),
+            server_stop: Some(stop_tx),
+        })
+    }
+
+    /// This node's id.
+    pub fn id(&self) -> NodeId {
+        self.id
+    }
+
+    /// The address peers reach this node at ("host:port").
+    pub fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    /// The underlying openraft handle (metrics, membership changes, `wait()` helpers).
+    pub fn raft(&self) -> &Raft<A> {
+        &self.raft
+    }
+
+    /// A `RaftService` bound to this node's Raft, for serving it next to other services on one
+    /// gRPC server.
+    pub fn raft_service(&self) -> RaftServiceServer<RaftServiceHandler<A>> {
+        RaftServiceHandler::new(self.raft.clone()).into_service()
+    }
+
+    /// Read access to the locally applied state (may lag the leader).
+    pub fn state(&self) -> &StateMachineHandle<A> {
+        &self.state
+    }
+
+    /// The current leader as known locally: id and address.
+    pub fn leader(&self) -> Option<(NodeId, String)> {
+        let metrics = self.raft.metrics().borrow().clone();
+        let leader = metrics.current_leader?;
+        let addr = metrics
+            .membership_config
+            .membership()
+            .get_node(&leader)
+            .map(|n| n.addr.clone())
+            .unwrap_or_default();
+        Some((leader, addr))
+    }
+
+    /// Initialises a new cluster whose voters are `members` (id → address). Call on one node of
+    /// a fresh cluster; calling again with the same members is harmless.
+    ///
+    /// # Errors
+    /// [`NodeError::Initialize`] when the node already has log entries or a vote (the cluster
+    /// exists), [`NodeError::Fatal`] when Raft stopped.
+    pub async fn initialize(&self, members: BTreeMap<NodeId, String>) -> Result<(), NodeError> {
+        let nodes: BTreeMap<NodeId, BasicNode> = members
+            .into_iter()
+            .map(|(id, addr)| (id, BasicNode::new(addr)))
+            .collect();
+        match self.raft.initialize(nodes).await {
+            Ok(()) => Ok(()),
+            Err(RaftError::APIError(InitializeError::NotAllowed(e))) => {
+                Err(NodeError::Initialize(e.to_string()))
+            }
+            Err(RaftError::APIError(InitializeError::NotInMembers(e))) => {
+                Err(NodeError::Initialize(e.to_string()))
+            }
+            Err(RaftError::Fatal(e)) => Err(NodeError::Fatal(e.to_string())),
+        }
+    }
+
+    /// Proposes `cmd` stamped with this node's clock and returns the application's response
+    /// once the entry is committed and applied.
+    ///
+    /// # Errors
+    /// [`ClientError::NotLeader`] (with the leader's id and address when known) if this node is
+    /// not the leader, [`ClientError::Stopped`] if Raft stopped, [`ClientError::Rejected`]
+    /// otherwise.
+    pub async fn propose(&self, cmd: A::Command) -> Result<A::Response, ClientError> {
+        let entry = Stamped {
+            now_ms: self.clock.now_ms(),
+            cmd,
+        };
+        let response = self.raft.client_write(entry).await.map_err(write_error)?;
+        response.data.ok_or_else(|| {
+            ClientError::Rejected("an application entry produced no response".into())
+        })
+    }
+
+    /// Adds node `id` reachable at `addr` ("host:port") as a learner (a non-voting member that
+    /// replicates the log). With `wait_caught_up`, returns only once the learner has caught up
+    /// with the leader's log. Returns the log index of the membership entry.
+    ///
+    /// # Errors
+    /// [`ClientError::NotLeader`] on a follower, [`ClientError::Rejected`] when a membership
+    /// change is already in progress, [`ClientError::Stopped`] if Raft stopped.
+    pub async fn add_learner(
+        &self,
+        id: NodeId,
+        addr: String,
+        wait_caught_up: bool,
+    ) -> Result<u64, ClientError> {
+        let response = self
+            .raft
+            .add_learner(id, BasicNode::new(addr), wait_caught_up)
+            .await
+            .map_err(write_error)?;
+        Ok(response.log_id.index)
+    }
+
+    /// Makes `voters` the voting members (each must already be a member, e.g. a learner).
+    /// With `retain`, removed voters stay as learners. Returns the log index of the final
+    /// membership entry.
+    ///
+    /// # Errors
+    /// [`ClientError::NotLeader`] on a follower, [`ClientError::Rejected`] for an unknown node
+    /// or an empty voter set, [`ClientError::Stopped`] if Raft stopped.
+    pub async fn change_membership(
+        &self,
+        voters: BTreeSet<NodeId>,
+        retain: bool,
+    ) -> Result<u64, ClientError> {
+        let response = self
+            .raft
+            .change_membership(voters, retain)
+            .await
+            .map_err(write_error)?;
+        Ok(response.log_id.index)
+    }
+
+    /// Confirms this node is still the leader (a heartbeat round with a quorum) and waits until
+    /// its state machine has applied everything committed before the call, so that a following
+    /// [`Node::state`] read is linearizable.
+    ///
+    /// # Errors
+    /// [`ClientError::NotLeader`] on a follower or a deposed leader, [`ClientError::Rejected`]
+    /// when no quorum answered, [`ClientError::Stopped`] if Raft stopped.
+    pub async fn ensure_linearizable(&self) -> Result<(), ClientError> {
+        match self.raft.ensure_linearizable().await {
+            Ok(_) => Ok(()),
+            Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(forward))) => {
+                Err(not_leader(forward))
+            }
+            Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(e))) => {
+                Err(ClientError::Rejected(e.to_string()))
+            }
+            Err(RaftError::Fatal(e)) => Err(ClientError::Stopped(e.to_string())),
+        }
+    }
+
+    /// Stops Raft and the server, then flushes the database. Data stays on disk for a restart.
+    ///
+    /// # Errors
+    /// [`NodeError::Fatal`] if Raft had already failed, [`NodeError::Server`] if the server
+    /// ended with an error, [`NodeError::Flush`] if the final flush failed. The node is stopped
+    /// in every case.
+    pub async fn shutdown(mut self) -> Result<(), NodeError> {
+        let raft_result = self.raft.shutdown().await;
+        if let Some(stop) = self.server_stop.take() {
+            let _ = stop.send(());
+        }
+        let server_result = match self.server.take() {
+            Some(server) => match server.await {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(e)) => Err(NodeError::Server(e.to_string())),
+                Err(e) => Err(NodeError::Server(e.to_string())),
+            },
+            None => Ok(()),
+        };
+        self.db.flush_async().await.map_err(NodeError::Flush)?;
+        raft_result.map_err(|e| NodeError::Fatal(e.to_string()))?;
+        server_result
+    }
+}
+
+/// How long [`open_db`] waits for a previous holder to release the database lock.
+pub const DB_LOCK_WAIT: Duration = Duration::from_secs(10);
+
+/// Opens the sled database at `path`, waiting up to [`DB_LOCK_WAIT`] while its file lock is
+/// still held.
+///
+/// sled releases the lock only when its last background thread lets go of the database, a
+/// moment after the handle is dropped, so reopening in the same process right after a shutdown
+/// (a restart in tests or in a simulation) can find it still locked.
+///
+/// # Errors
+/// sled's error when the database cannot be opened, including a lock still held after
+/// [`DB_LOCK_WAIT`] (another process uses the directory).
+pub async fn open_db(path: &Path) -> Result<sled::Db, sled::Error> {
+    let deadline = tokio::time::Instant::now() + DB_LOCK_WAIT;
+    loop {
+        match sled::Config::new().path(path).open() {
+            Err(sled::Error::Io(e))
+                if e.to_string().contains("could not acquire lock")
+                    && tokio::time::Instant::now() < deadline =>
+            {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            result => return result,
+        }
+    }
+}
+
+fn not_leader(forward: ForwardToLeader<NodeId, BasicNode>) -> ClientError {
+    ClientError::NotLeader {
+        leader_id: forward.leader_id,
+        leader_addr: forward.leader_node.map(|n| n.addr),
+    }
+}
+
+fn write_error(e: RaftError<NodeId, ClientWriteError<NodeId, BasicNode>>) -> ClientError {
+    match e {
+        RaftError::APIError(ClientWriteError::ForwardToLeader(forward)) => not_leader(forward),
+        RaftError::APIError(ClientWriteError::ChangeMembershipError(e)) => {
+            ClientError::Rejected(e.to_string())
+        }
+        RaftError::Fatal(e) => ClientError::Stopped(e.to_string()),
+    }
+}
+
+impl<A: App> Drop for Node<A> {
+    fn drop(&mut self) {
+        // Without an async drop, a node dropped without shutdown() at least stops serving.
+        if let Some(server) = self.server.take() {
+            server.abort();
+        }
+    }
+}
