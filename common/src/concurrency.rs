@@ -75,7 +75,8 @@ impl ConcurrencyLimiter {
         }
         let mut cur = self.in_flight.load(Ordering::Relaxed);
         loop {
-            if cur + slots > self.max {
+            // `slots ≤ max` and `cur ≤ max`, so this cannot overflow (`cur + slots` could).
+            if slots > self.max - cur {
                 return Err(ConcurrencyError::Full {
                     in_flight: cur,
                     max: self.max,

@@ -22,76 +22,50 @@ const SHARDS: usize = 16;
 /// work a flood of new keys can cause once every slot is in use.
 pub const SWEEP_BACKOFF_NS: Nanos = NANOS_PER_SEC;
 
-/// State of one key under its mutex.
+/// One key of a [`ShardedTable`] and its value.
 #[derive(Debug)]
-pub struct SlotState {
-    /// Set when eviction removed the slot from its table; the holder must look the key up again.
-    pub evicted: bool,
-    /// The parameters `state` was last decided under (to detect a policy change).
-    pub params: LimitParams,
-    /// The algorithm state.
-    pub state: LimitState,
-}
-
-/// One key's slot.
-#[derive(Debug)]
-pub struct Slot {
+pub struct Keyed<V> {
     key: Box<[u8]>,
     hash: u64,
-    /// The key's state; lock it for a decision.
-    pub state: Mutex<SlotState>,
+    /// The key's value.
+    pub value: V,
 }
 
-impl Slot {
+impl<V> Keyed<V> {
     /// The canonical key (see [`crate::descriptor::encode_key`]).
     pub fn key(&self) -> &[u8] {
         &self.key
     }
 }
 
-/// The table is at its `max_keys` and none of its keys is idle.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error("rule keeps state for {max} keys already and none is idle")]
-pub struct TableFull {
-    /// The cap.
-    pub max: u64,
-}
-
-/// All keys of one rule.
-pub struct KeyTable {
-    shards: Box<[RwLock<HashTable<Arc<Slot>>>]>,
+/// A concurrent map from descriptor entries to values, looked up without building the key:
+/// 16 shards, each a read-write-locked hash table, with a per-table random hash seed.
+/// Lookups hold a shard's read lock only while cloning the value's `Arc`.
+pub struct ShardedTable<V> {
+    shards: Box<[RwLock<HashTable<Arc<Keyed<V>>>>]>,
     hasher: foldhash::quality::RandomState,
     len: AtomicU64,
-    max_keys: AtomicU64,
-    next_sweep: AtomicU64,
 }
 
-impl std::fmt::Debug for KeyTable {
+impl<V> Default for ShardedTable<V> {
+    fn default() -> Self {
+        ShardedTable {
+            shards: (0..SHARDS).map(|_| RwLock::new(HashTable::new())).collect(),
+            hasher: foldhash::quality::RandomState::default(),
+            len: AtomicU64::new(0),
+        }
+    }
+}
+
+impl<V> std::fmt::Debug for ShardedTable<V> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("KeyTable")
+        f.debug_struct("ShardedTable")
             .field("len", &self.len())
-            .field("max_keys", &self.max_keys.load(Ordering::Relaxed))
             .finish()
     }
 }
 
-impl KeyTable {
-    /// An empty table keeping at most `max_keys` keys.
-    pub fn new(max_keys: u64) -> Self {
-        KeyTable {
-            shards: (0..SHARDS).map(|_| RwLock::new(HashTable::new())).collect(),
-            hasher: foldhash::quality::RandomState::default(),
-            len: AtomicU64::new(0),
-            max_keys: AtomicU64::new(max_keys.max(1)),
-            next_sweep: AtomicU64::new(0),
-        }
-    }
-
-    /// Changes the cap (a new config version); existing keys above it are evicted as they idle.
-    pub fn set_max_keys(&self, max_keys: u64) {
-        self.max_keys.store(max_keys.max(1), Ordering::Relaxed);
-    }
-
+impl<V> ShardedTable<V> {
     /// Number of keys held.
     pub fn len(&self) -> u64 {
         self.len.load(Ordering::Relaxed)
@@ -111,8 +85,160 @@ impl KeyTable {
     }
 
     #[inline]
-    fn shard(&self, hash: u64) -> &RwLock<HashTable<Arc<Slot>>> {
+    fn shard(&self, hash: u64) -> &RwLock<HashTable<Arc<Keyed<V>>>> {
         &self.shards[(hash >> 60) as usize % SHARDS]
+    }
+
+    /// The value of `entries` (whose [`hash`](Self::hash) is `hash`), if present.
+    #[inline]
+    pub fn get(&self, entries: &[Entry<'_>], hash: u64) -> Option<Arc<Keyed<V>>> {
+        let eq = |s: &Arc<Keyed<V>>| s.hash == hash && key_matches(entries, &s.key);
+        self.shard(hash).read().find(hash, eq).cloned()
+    }
+
+    /// The value of `entries`, inserting `make()` when absent (the only path that allocates).
+    pub fn get_or_insert_with(
+        &self,
+        entries: &[Entry<'_>],
+        hash: u64,
+        make: impl FnOnce() -> V,
+    ) -> Arc<Keyed<V>> {
+        self.get_or_insert_capped(entries, hash, u64::MAX, make)
+            .expect("no cap")
+    }
+
+    /// As [`get_or_insert_with`](Self::get_or_insert_with), but inserts only while fewer than
+    /// `max` keys are held; `None` when the key is absent and the table is full. The place is
+    /// reserved atomically, so new keys racing in other shards never overshoot `max`.
+    pub fn get_or_insert_capped(
+        &self,
+        entries: &[Entry<'_>],
+        hash: u64,
+        max: u64,
+        make: impl FnOnce() -> V,
+    ) -> Option<Arc<Keyed<V>>> {
+        if let Some(v) = self.get(entries, hash) {
+            return Some(v);
+        }
+        let eq = |s: &Arc<Keyed<V>>| s.hash == hash && key_matches(entries, &s.key);
+        let mut shard = self.shard(hash).write();
+        if let Some(s) = shard.find(hash, eq) {
+            return Some(s.clone());
+        }
+        self.len
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |l| {
+                (l < max).then_some(l + 1)
+            })
+            .ok()?;
+        let v = Arc::new(Keyed {
+            key: encode_key(entries),
+            hash,
+            value: make(),
+        });
+        shard.insert_unique(hash, v.clone(), |s| s.hash);
+        Some(v)
+    }
+
+    /// Removes every key for which `keep` returns false; returns how many were removed.
+    pub fn retain(&self, mut keep: impl FnMut(&Keyed<V>) -> bool) -> u64 {
+        let mut removed = 0u64;
+        for shard in self.shards.iter() {
+            shard.write().retain(|v| {
+                let k = keep(v);
+                if !k {
+                    removed += 1;
+                }
+                k
+            });
+        }
+        self.len.fetch_sub(removed, Ordering::Relaxed);
+        removed
+    }
+
+    /// Calls `f` with every key (each shard's read lock is held while its keys are visited).
+    pub fn for_each(&self, mut f: impl FnMut(&Arc<Keyed<V>>)) {
+        for shard in self.shards.iter() {
+            for v in shard.read().iter() {
+                f(v);
+            }
+        }
+    }
+
+    /// A copy of every entry's `Arc`, for work that must not hold shard locks (e.g. network).
+    pub fn snapshot(&self) -> Vec<Arc<Keyed<V>>> {
+        let mut out = Vec::with_capacity(self.len() as usize);
+        self.for_each(|v| out.push(v.clone()));
+        out
+    }
+}
+
+/// State of one key under its mutex.
+#[derive(Debug)]
+pub struct SlotState {
+    /// Set when eviction removed the slot from its table; the holder must look the key up again.
+    pub evicted: bool,
+    /// The parameters `state` was last decided under (to detect a policy change).
+    pub params: LimitParams,
+    /// The algorithm state.
+    pub state: LimitState,
+}
+
+/// One key's slot: its state behind a mutex; lock it for a decision.
+pub type Slot = Keyed<Mutex<SlotState>>;
+
+/// The table is at its `max_keys` and none of its keys is idle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("rule keeps state for {max} keys already and none is idle")]
+pub struct TableFull {
+    /// The cap.
+    pub max: u64,
+}
+
+/// All keys of one rule, with a cap on their number.
+pub struct KeyTable {
+    table: ShardedTable<Mutex<SlotState>>,
+    max_keys: AtomicU64,
+    next_sweep: AtomicU64,
+}
+
+impl std::fmt::Debug for KeyTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeyTable")
+            .field("len", &self.len())
+            .field("max_keys", &self.max_keys.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+impl KeyTable {
+    /// An empty table keeping at most `max_keys` keys.
+    pub fn new(max_keys: u64) -> Self {
+        KeyTable {
+            table: ShardedTable::default(),
+            max_keys: AtomicU64::new(max_keys.max(1)),
+            next_sweep: AtomicU64::new(0),
+        }
+    }
+
+    /// Changes the cap (a new config version); existing keys above it are evicted as they idle.
+    pub fn set_max_keys(&self, max_keys: u64) {
+        self.max_keys.store(max_keys.max(1), Ordering::Relaxed);
+    }
+
+    /// Number of keys held.
+    pub fn len(&self) -> u64 {
+        self.table.len()
+    }
+
+    /// Whether no key is held.
+    pub fn is_empty(&self) -> bool {
+        self.table.is_empty()
+    }
+
+    /// Hash of a key's entries under this table's seed.
+    #[inline]
+    pub fn hash(&self, entries: &[Entry<'_>]) -> u64 {
+        self.table.hash(entries)
     }
 
     /// The slot of `entries`, created with `params`' initial state at `now` when new.
@@ -126,9 +252,8 @@ impl KeyTable {
         params: &LimitParams,
         now: Nanos,
     ) -> Result<Arc<Slot>, TableFull> {
-        let eq = |s: &Arc<Slot>| s.hash == hash && key_matches(entries, &s.key);
-        if let Some(s) = self.shard(hash).read().find(hash, eq) {
-            return Ok(s.clone());
+        if let Some(s) = self.table.get(entries, hash) {
+            return Ok(s);
         }
         let max = self.max_keys.load(Ordering::Relaxed);
         if self.len() >= max {
@@ -137,22 +262,15 @@ impl KeyTable {
                 return Err(TableFull { max });
             }
         }
-        let mut shard = self.shard(hash).write();
-        if let Some(s) = shard.find(hash, eq) {
-            return Ok(s.clone());
-        }
-        let slot = Arc::new(Slot {
-            key: encode_key(entries),
-            hash,
-            state: Mutex::new(SlotState {
-                evicted: false,
-                params: *params,
-                state: params.initial_state(now),
-            }),
-        });
-        shard.insert_unique(hash, slot.clone(), |s| s.hash);
-        self.len.fetch_add(1, Ordering::Relaxed);
-        Ok(slot)
+        self.table
+            .get_or_insert_capped(entries, hash, max, || {
+                Mutex::new(SlotState {
+                    evicted: false,
+                    params: *params,
+                    state: params.initial_state(now),
+                })
+            })
+            .ok_or(TableFull { max })
     }
 
     /// Evicts every idle key (one whose state equals a fresh one at `now`); returns how many.
@@ -161,23 +279,18 @@ impl KeyTable {
         if now < self.next_sweep.load(Ordering::Relaxed) {
             return 0;
         }
-        let mut removed = 0u64;
-        for shard in self.shards.iter() {
-            shard.write().retain(|slot| {
-                // A slot locked right now is in use: not idle.
-                let Some(mut g) = slot.state.try_lock() else {
-                    return true;
-                };
-                if g.evicted || g.params.is_idle(&g.state, now) {
-                    g.evicted = true;
-                    removed += 1;
-                    false
-                } else {
-                    true
-                }
-            });
-        }
-        self.len.fetch_sub(removed, Ordering::Relaxed);
+        let removed = self.table.retain(|slot| {
+            // A slot locked right now is in use: not idle.
+            let Some(mut g) = slot.value.try_lock() else {
+                return true;
+            };
+            if g.evicted || g.params.is_idle(&g.state, now) {
+                g.evicted = true;
+                false
+            } else {
+                true
+            }
+        });
         if removed == 0 {
             self.next_sweep
                 .store(now.saturating_add(SWEEP_BACKOFF_NS), Ordering::Relaxed);
@@ -189,27 +302,23 @@ impl KeyTable {
     /// cannot skip this version's period. Keys created concurrently under the old version are
     /// transitioned lazily by the limiter on their next decision.
     pub fn transition_all(&self, params: &LimitParams, at: Nanos) {
-        for shard in self.shards.iter() {
-            for slot in shard.read().iter() {
-                let mut g = slot.state.lock();
-                if g.evicted || g.params == *params {
-                    continue;
-                }
-                let old = g.params;
-                let st = std::mem::replace(&mut g.state, params.initial_state(at));
-                g.state = params.transition_from(&old, st, at);
-                g.params = *params;
+        self.table.for_each(|slot| {
+            let mut g = slot.value.lock();
+            if g.evicted || g.params == *params {
+                return;
             }
-        }
+            let old = g.params;
+            let st = std::mem::replace(&mut g.state, params.initial_state(at));
+            g.state = params.transition_from(&old, st, at);
+            g.params = *params;
+        });
     }
 
     /// Every key and its state, for status pages and tests (takes each shard's read lock).
     pub fn for_each(&self, mut f: impl FnMut(&[u8], &SlotState)) {
-        for shard in self.shards.iter() {
-            for slot in shard.read().iter() {
-                let g = slot.state.lock();
-                f(&slot.key, &g);
-            }
-        }
+        self.table.for_each(|slot| {
+            let g = slot.value.lock();
+            f(slot.key(), &g);
+        });
     }
 }

@@ -11,7 +11,8 @@
 //! * [`descriptor`]: requests and injective canonical keys with bounded sizes (seed §3, §15);
 //! * [`keyed`]: per-key state with a cap on keys and idle eviction (seed §3);
 //! * [`limiter`]: all-or-nothing multi-descriptor decisions, shadow mode, config transitions;
-//! * [`concurrency`]: in-flight limits (seed §25); [`direct`]: a single-key limiter.
+//! * [`concurrency`]: in-flight limits (seed §25); [`direct`]: a single-key limiter;
+//! * [`global`]: the seam through which an agent decides `scope: global` rules from leases.
 //!
 //! No I/O, no async runtime, no floating point on the decision path.
 
@@ -24,6 +25,7 @@ pub mod config;
 pub mod decision;
 pub mod descriptor;
 pub mod direct;
+pub mod global;
 pub mod keyed;
 pub mod limiter;
 pub mod units;

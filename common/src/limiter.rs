@@ -8,9 +8,10 @@
 //! is unchanged carries over and is transitioned lazily at the snapshot's activation time.
 
 use crate::algorithm::{AlgorithmKind, LimitParams};
-use crate::config::{ConfigSet, DomainConfig, Rule, RuleLimit, Unit};
+use crate::config::{ConfigSet, DomainConfig, Rule, RuleLimit, Scope, Unit};
 use crate::decision::{Decision, RetryAfter};
 use crate::descriptor::{Request, RequestError, MAX_DESCRIPTORS};
+use crate::global::{GlobalDecision, GlobalKey, GlobalLimits};
 use crate::keyed::{KeyTable, Slot, SlotState, TableFull};
 use crate::units::{tokens_to_micros, Micros, Nanos, MICROS_PER_TOKEN, NANOS_PER_SEC};
 use arc_swap::ArcSwap;
@@ -117,6 +118,9 @@ pub struct Outcome {
     pub retry_after: RetryAfter,
     /// The config version that decided.
     pub policy_version: u64,
+    /// An enforced leased descriptor was denied only because its key holds no allocation yet;
+    /// an Acquire is under way. An agent may wait for it (bounded) and decide again.
+    pub awaiting_lease: bool,
 }
 
 /// A domain of a snapshot with its rules' key tables.
@@ -168,6 +172,8 @@ enum Target<'s> {
     NoRule,
     Unlimited(u32),
     Limited(Item<'s>),
+    /// A `scope: global` rule decided by a [`GlobalLimits`] backend.
+    Global(Item<'s>),
 }
 
 struct Item<'s> {
@@ -251,6 +257,94 @@ impl Limiter {
         now: Nanos,
         statuses: &mut Vec<DescriptorStatus>,
     ) -> Result<Outcome, RequestError> {
+        self.decide_inner::<NoGlobal>(req, now, statuses, None)
+    }
+
+    /// As [`decide`](Self::decide), but descriptors whose rule has `scope: global` are decided
+    /// by `global` (an agent's leased allocations) instead of local state. Their reservations
+    /// are cancelled when any enforced descriptor denies, so the request stays all-or-nothing.
+    ///
+    /// # Errors
+    /// As [`decide`](Self::decide).
+    pub fn decide_with<G: GlobalLimits>(
+        &self,
+        req: &Request<'_>,
+        now: Nanos,
+        statuses: &mut Vec<DescriptorStatus>,
+        global: &G,
+    ) -> Result<Outcome, RequestError> {
+        self.decide_inner(req, now, statuses, Some(global))
+    }
+
+    /// Gives back unused cost of an admitted request (seed §24: reserve the maximum, settle the
+    /// actual): `unused[i]` microtokens to descriptor `i`'s limit, which was spent at `spent_at`.
+    /// A bucket never rises above capacity; a window gets them back only while it is current.
+    /// Leased descriptors are refunded through `global` when given.
+    ///
+    /// # Errors
+    /// [`RequestError`] for an invalid request or unknown domain (nothing changes).
+    pub fn refund<G: GlobalLimits>(
+        &self,
+        req: &Request<'_>,
+        unused: &[Micros],
+        spent_at: Nanos,
+        now: Nanos,
+        global: Option<&G>,
+    ) -> Result<(), RequestError> {
+        req.validate()?;
+        let snap = self.current.load();
+        let dom = snap
+            .domains
+            .get(req.domain)
+            .ok_or_else(|| RequestError::UnknownDomain(req.domain.to_string()))?;
+        for (i, d) in req.descriptors.iter().enumerate() {
+            let micros = unused.get(i).copied().unwrap_or(0);
+            if micros == 0 {
+                continue;
+            }
+            let Some(ri) = dom
+                .config
+                .match_rule(d.entries.iter().map(|e| (e.key, e.value)))
+            else {
+                continue;
+            };
+            let rule = &dom.config.rules[ri];
+            let RuleLimit::Limited { params, .. } = rule.limit else {
+                continue;
+            };
+            match global {
+                Some(g) if rule.scope == Scope::Global => g.refund(
+                    GlobalKey {
+                        domain: req.domain,
+                        rule,
+                        rule_index: ri as u32,
+                        entries: d.entries,
+                    },
+                    micros,
+                    now,
+                ),
+                _ => {
+                    let table = &dom.tables[ri];
+                    if let Ok(slot) = table.slot(d.entries, table.hash(d.entries), &params, now) {
+                        let mut g = slot.value.lock();
+                        if !g.evicted {
+                            let p = g.params;
+                            p.refund(&mut g.state, now, micros, spent_at);
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn decide_inner<G: GlobalLimits>(
+        &self,
+        req: &Request<'_>,
+        now: Nanos,
+        statuses: &mut Vec<DescriptorStatus>,
+        global: Option<&G>,
+    ) -> Result<Outcome, RequestError> {
         req.validate()?;
         statuses.clear();
         let snap = self.current.load();
@@ -259,7 +353,7 @@ impl Limiter {
             .get(req.domain)
             .ok_or_else(|| RequestError::UnknownDomain(req.domain.to_string()))?;
         for _ in 0..MAX_RETRIES {
-            if let Some(outcome) = self.try_decide(&snap, dom, req, now, statuses) {
+            if let Some(outcome) = self.try_decide(&snap, dom, req, now, statuses, global) {
                 return Ok(outcome);
             }
             statuses.clear();
@@ -276,17 +370,19 @@ impl Limiter {
             code: Code::OverLimit,
             retry_after: RetryAfter::After(TABLE_FULL_RETRY_NS),
             policy_version: snap.version,
+            awaiting_lease: false,
         })
     }
 
     /// One attempt; `None` when a slot was evicted under us and the lookup must be redone.
-    fn try_decide(
+    fn try_decide<G: GlobalLimits>(
         &self,
         snap: &Snapshot,
         dom: &SnapshotDomain,
         req: &Request<'_>,
         now: Nanos,
         statuses: &mut Vec<DescriptorStatus>,
+        global: Option<&G>,
     ) -> Option<Outcome> {
         let mut items: ArrayVec<Target<'_>, MAX_DESCRIPTORS> = ArrayVec::new();
         for (i, d) in req.descriptors.iter().enumerate() {
@@ -303,6 +399,16 @@ impl Limiter {
                 items.push(Target::Unlimited(ri as u32));
                 continue;
             };
+            if global.is_some() && rule.scope == Scope::Global {
+                items.push(Target::Global(Item {
+                    rule,
+                    rule_index: ri as u32,
+                    cost: tokens_to_micros(req.cost_tokens(i)),
+                    slot: None,
+                    params,
+                }));
+                continue;
+            }
             let table = &dom.tables[ri];
             let slot = match table.slot(entries, table.hash(entries), &params, now) {
                 Ok(s) => Some(s),
@@ -335,7 +441,7 @@ impl Limiter {
             let Target::Limited(Item { slot: Some(s), .. }) = &items[i] else {
                 continue;
             };
-            let g = s.state.lock();
+            let g = s.value.lock();
             if g.evicted {
                 return None;
             }
@@ -394,6 +500,51 @@ impl Limiter {
             }
         }
 
+        // Leased descriptors: reserve while every enforced limit so far allows, else only peek.
+        let mut leased: ArrayVec<Option<GlobalDecision<G::Reservation>>, MAX_DESCRIPTORS> =
+            ArrayVec::new();
+        let mut awaiting_lease = false;
+        for (i, it) in items.iter().enumerate() {
+            let (Target::Global(it), Some(g)) = (it, global) else {
+                leased.push(None);
+                continue;
+            };
+            let key = GlobalKey {
+                domain: req.domain,
+                rule: it.rule,
+                rule_index: it.rule_index,
+                entries: req.descriptors[i].entries,
+            };
+            let r = if code == Code::Ok {
+                g.reserve(key, it.cost, now)
+            } else {
+                g.peek(key, it.cost, now)
+            };
+            if !it.rule.shadow_mode {
+                retry = retry.max(r.decision.retry_after);
+                if !r.decision.allowed {
+                    code = Code::OverLimit;
+                    awaiting_lease |= r.cold;
+                }
+            }
+            leased.push(Some(r));
+        }
+        if code == Code::OverLimit {
+            for (r, it) in leased.iter_mut().zip(items.iter()) {
+                let (Some(r), Target::Global(it)) = (r, it) else {
+                    continue;
+                };
+                if let Some(res) = r.reservation.take() {
+                    if let Some(g) = global {
+                        g.cancel(res);
+                    }
+                    // Nothing was taken after all: report what the key still holds.
+                    r.decision.remaining_micros =
+                        r.decision.remaining_micros.saturating_add(it.cost);
+                }
+            }
+        }
+
         // Spend all or nothing; shadow would-be denials spend nothing either way.
         if code == Code::Ok {
             for (gi, (_, _, g)) in guards.iter_mut().enumerate() {
@@ -425,7 +576,7 @@ impl Limiter {
                     statuses.push(DescriptorStatus::unlimited(Reason::Unlimited, Some(*ri)));
                     continue;
                 }
-                Target::Limited(it) => it,
+                Target::Limited(it) | Target::Global(it) => it,
             };
             let RuleLimit::Limited {
                 requests_per_unit,
@@ -445,9 +596,13 @@ impl Limiter {
                 capacity: it.params.capacity() / MICROS_PER_TOKEN,
             };
             let shadow = it.rule.shadow_mode;
-            let status = match slot_of[i] {
-                Some(gi) => {
-                    let dec = decisions[gi];
+            let decided = match (&leased[i], slot_of[i]) {
+                (Some(r), _) => Some(r.decision),
+                (None, Some(gi)) => Some(decisions[gi]),
+                (None, None) => None,
+            };
+            let status = match decided {
+                Some(dec) => {
                     let reason = match (dec.allowed, dec.retry_after) {
                         (true, _) => Reason::WithinLimit,
                         (false, RetryAfter::Never) => Reason::CostExceedsCapacity,
@@ -491,6 +646,41 @@ impl Limiter {
                 retry
             },
             policy_version: snap.version,
+            awaiting_lease,
         })
+    }
+}
+
+/// The backend of [`Limiter::decide`]: no rule is leased, so it is never called.
+struct NoGlobal;
+
+impl GlobalLimits for NoGlobal {
+    type Reservation = ();
+
+    fn reserve(&self, _: GlobalKey<'_>, _: Micros, _: Nanos) -> GlobalDecision<()> {
+        unreachable_global()
+    }
+
+    fn peek(&self, _: GlobalKey<'_>, _: Micros, _: Nanos) -> GlobalDecision<()> {
+        unreachable_global()
+    }
+
+    fn cancel(&self, _: ()) {}
+
+    fn refund(&self, _: GlobalKey<'_>, _: Micros, _: Nanos) {}
+}
+
+/// `decide` passes no backend, so no item is ever `Target::Global` there; deny if that changes.
+#[cold]
+fn unreachable_global() -> GlobalDecision<()> {
+    GlobalDecision {
+        decision: Decision {
+            allowed: false,
+            remaining_micros: 0,
+            reset_after: 0,
+            retry_after: RetryAfter::After(TABLE_FULL_RETRY_NS),
+        },
+        reservation: None,
+        cold: false,
     }
 }

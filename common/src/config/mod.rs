@@ -18,6 +18,10 @@
 //!           scope: global       # global (leased from the allocator) | local (per agent)
 //!           failure_mode: deny  # deny | emergency: what an agent does when its allocation runs out
 //!           max_keys: 100000    # distinct values kept at once; idle ones are evicted
+//!           max_in_flight: 50   # optional concurrency cap per key (agent only)
+//!           lease: {ttl_ms: 5000, max_grant: 20, max_drift_ms: 500}   # allocator leasing
+//!           quota: {limit: 20000000, period: month}                  # calendar budget (UTC)
+//!           regions: [{region: eu-west, share: "50%"}, {region: us-east, rate: 4}]
 //!         shadow_mode: false
 //! ```
 
@@ -185,6 +189,9 @@ pub struct Rule {
     pub failure_mode: FailureMode,
     /// Distinct keys kept at once.
     pub max_keys: u64,
+    /// Concurrency cap per key (seed §25): requests in flight at once, released when the
+    /// gateway reports the request done; `None` when not capped.
+    pub max_in_flight: Option<u64>,
     /// Calendar quota, when configured.
     pub quota: Option<CalendarQuota>,
     /// Lease settings for the allocator.

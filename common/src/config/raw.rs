@@ -50,6 +50,7 @@ pub(crate) struct RawRateLimit {
     pub scope: Option<Scalar>,
     pub failure_mode: Option<Scalar>,
     pub max_keys: Option<Scalar>,
+    pub max_in_flight: Option<Scalar>,
     pub quota: Option<RawQuota>,
     pub lease: Option<RawLease>,
     pub regions: Option<Vec<RawRegion>>,

@@ -210,6 +210,7 @@ fn rule(
     let max_keys = cx
         .positive(&f("max_keys"), rl.max_keys.as_ref(), 1 << 32)?
         .unwrap_or(DEFAULT_MAX_KEYS);
+    let max_in_flight = cx.positive(&f("max_in_flight"), rl.max_in_flight.as_ref(), 1 << 32)?;
     let unlimited = cx
         .boolean(&f("unlimited"), rl.unlimited.as_ref())?
         .unwrap_or(false);
@@ -395,6 +396,7 @@ fn rule(
         });
     }
     Ok(Rule {
+        max_in_flight,
         quota,
         lease,
         regions,

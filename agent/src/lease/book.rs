@@ -1,0 +1,575 @@
+//! The agent's allocations per policy key, and the hot path that spends them (seed §19–23, §26).
+//!
+//! [`LeaseBook`] implements the decision core's [`GlobalLimits`]: a `scope: global` descriptor is
+//! admitted by spending its cost from one of the key's unexpired allocations with a single
+//! compare-and-swap. No lock is held across the decision, nothing is allocated once the key is
+//! known, and nothing touches the network: acquiring, reporting and releasing happen in the
+//! [`manager`](super::manager), signalled through a channel.
+
+use super::allocation::HeldAllocation;
+use super::settings::LeaseSettings;
+use allot_common::algorithm::{LimitParams, Rate, RateAlgorithm, TokenBucket, TokenBucketState};
+use allot_common::clock::Clock;
+use allot_common::config::{FailureMode, Rule, RuleLimit, Scope};
+use allot_common::decision::{Decision, RetryAfter};
+use allot_common::descriptor::Entry;
+use allot_common::global::{GlobalDecision, GlobalKey, GlobalLimits};
+use allot_common::keyed::{Keyed, ShardedTable};
+use allot_common::limiter::Snapshot;
+use allot_common::units::{Micros, Nanos, MICROS_PER_TOKEN, NANOS_PER_MILLI};
+use arc_swap::ArcSwap;
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use tokio::sync::{mpsc, Notify};
+
+/// What the lease manager is asked to do.
+#[derive(Debug)]
+pub enum LeaseEvent {
+    /// The key needs an allocation (cold, exhausted, or below the low watermark).
+    Acquire(Arc<Keyed<KeyLease>>),
+}
+
+/// Allocations and lease bookkeeping of one policy key.
+#[derive(Debug)]
+pub struct KeyLease {
+    /// Domain of the key.
+    pub domain: String,
+    /// Descriptor entries of the key.
+    pub entries: Vec<(String, String)>,
+    /// Rule id (`domain|key=value…`).
+    pub rule_id: String,
+    /// Rule name (policy id in answers).
+    pub rule_name: String,
+    /// The rule's limit parameters when the key was first seen.
+    pub params: LimitParams,
+    /// Failure mode of the rule.
+    pub failure_mode: FailureMode,
+    /// Largest grant the allocator makes for this rule, microtokens.
+    pub max_grant: Micros,
+    /// Allocations, oldest first. Replaced copy-on-write by the manager.
+    pub allocations: ArcSwap<Vec<Arc<HeldAllocation>>>,
+    /// An Acquire is in flight.
+    pub acquiring: AtomicBool,
+    /// Signalled when an Acquire finishes (granted, denied or failed).
+    pub ready: Notify,
+    /// No new Acquire before this time (after a denial or an error), ns.
+    pub next_try_at: AtomicU64,
+    /// Lease length the rule asks for, ms (to size wants from demand).
+    pub ttl_ms: u64,
+    /// Whether any Acquire for this key has finished (warm) — until then a decision may wait.
+    pub answered: AtomicBool,
+    /// Microtokens admitted for this key in total (allocations and emergency), for demand.
+    pub admitted: AtomicU64,
+    /// `admitted` at the previous maintenance pass.
+    pub prev_admitted: AtomicU64,
+    /// Recent demand, microtokens per second (measured each maintenance pass).
+    pub demand_per_s: AtomicU64,
+    /// Serialises changes to `allocations` (manager only; the hot path never takes it).
+    pub alloc_write: tokio::sync::Mutex<()>,
+    /// Microtokens admitted from the emergency bucket while the allocator was unreachable.
+    pub emergency_admitted: AtomicU64,
+    emergency: Mutex<Option<TokenBucketState>>,
+    /// Last decision time, ns (idle eviction).
+    pub last_used: AtomicU64,
+}
+
+impl KeyLease {
+    /// Microtokens this agent can still spend for the key at `now`.
+    pub fn remaining(&self, now: Nanos) -> Micros {
+        self.allocations
+            .load()
+            .iter()
+            .map(|a| a.remaining(now))
+            .sum()
+    }
+
+    /// Σ(granted − reported) over held allocations (seed §23).
+    pub fn unreported(&self) -> Micros {
+        self.allocations.load().iter().map(|a| a.unreported()).sum()
+    }
+
+    /// Replaces the allocation list (manager only).
+    pub fn set_allocations(&self, v: Vec<Arc<HeldAllocation>>) {
+        self.allocations.store(Arc::new(v));
+    }
+}
+
+/// A reservation made by [`LeaseBook::reserve`], returned by [`LeaseBook::cancel`].
+#[derive(Debug)]
+pub enum LeaseReservation {
+    /// Spent from an allocation.
+    Allocation(Arc<HeldAllocation>, Micros),
+    /// Admitted by the emergency bucket.
+    Emergency(Arc<Keyed<KeyLease>>, Micros),
+}
+
+/// Counters of the lease path, for metrics.
+#[derive(Debug, Default)]
+pub struct LeaseCounters {
+    /// Decisions that found a key cold and asked for its first allocation.
+    pub cold_misses: AtomicU64,
+    /// Decisions that waited for a cold key's Acquire.
+    pub cold_waits: AtomicU64,
+    /// Acquire RPCs sent.
+    pub acquires: AtomicU64,
+    /// Report RPCs sent.
+    pub reports: AtomicU64,
+    /// Release RPCs sent.
+    pub releases: AtomicU64,
+    /// Allocator calls that failed (timeout, unavailable).
+    pub rpc_errors: AtomicU64,
+    /// Decisions admitted from an emergency bucket.
+    pub emergency_admits: AtomicU64,
+    /// Decisions denied because the allocator was unreachable and the failure mode is deny.
+    pub failure_denials: AtomicU64,
+    /// Decisions admitted from allocations.
+    pub leased_admits: AtomicU64,
+}
+
+type Tables = HashMap<String, Vec<Option<Arc<ShardedTable<KeyLease>>>>>;
+
+/// The agent's leases: per rule, per key.
+pub struct LeaseBook {
+    /// Per domain, per rule index: the rule's key table (`None` for rules that are not leased).
+    tables: ArcSwap<Tables>,
+    by_rule: Mutex<HashMap<String, Arc<ShardedTable<KeyLease>>>>,
+    events: mpsc::UnboundedSender<LeaseEvent>,
+    reachable: AtomicBool,
+    clock: Arc<dyn Clock>,
+    settings: LeaseSettings,
+    /// Counters for metrics.
+    pub counters: LeaseCounters,
+}
+
+impl std::fmt::Debug for LeaseBook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaseBook")
+            .field("reachable", &self.is_reachable())
+            .finish()
+    }
+}
+
+impl LeaseBook {
+    /// A book sending lease work to `events`.
+    pub fn new(
+        clock: Arc<dyn Clock>,
+        settings: LeaseSettings,
+        events: mpsc::UnboundedSender<LeaseEvent>,
+    ) -> Self {
+        LeaseBook {
+            tables: ArcSwap::from_pointee(HashMap::new()),
+            by_rule: Mutex::new(HashMap::new()),
+            events,
+            reachable: AtomicBool::new(true),
+            clock,
+            settings,
+            counters: LeaseCounters::default(),
+        }
+    }
+
+    /// The clock decisions and deadlines use.
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.clock
+    }
+
+    /// Lease settings.
+    pub fn settings(&self) -> &LeaseSettings {
+        &self.settings
+    }
+
+    /// Rebuilds the per-rule tables for a new config snapshot; keys of rules whose id is
+    /// unchanged keep their allocations.
+    pub fn apply(&self, snap: &Snapshot) {
+        let mut by_rule = self.by_rule.lock();
+        let mut next_by_rule = HashMap::new();
+        let mut tables: Tables = HashMap::new();
+        for d in snap.domains() {
+            let v = d
+                .config
+                .rules
+                .iter()
+                .map(|r| {
+                    leased(r).then(|| {
+                        let t = by_rule.get(&r.id).cloned().unwrap_or_default();
+                        next_by_rule.insert(r.id.clone(), t.clone());
+                        t
+                    })
+                })
+                .collect();
+            tables.insert(d.config.domain.clone(), v);
+        }
+        *by_rule = next_by_rule;
+        self.tables.store(Arc::new(tables));
+    }
+
+    /// Every leased key table.
+    pub fn tables(&self) -> Vec<Arc<ShardedTable<KeyLease>>> {
+        self.by_rule.lock().values().cloned().collect()
+    }
+
+    /// Whether the last allocator call succeeded.
+    pub fn is_reachable(&self) -> bool {
+        self.reachable.load(Ordering::Relaxed)
+    }
+
+    /// Records whether the allocator answered.
+    pub fn set_reachable(&self, up: bool) {
+        self.reachable.store(up, Ordering::Relaxed);
+    }
+
+    /// The key's lease state, created on first sight.
+    pub fn key(&self, key: &GlobalKey<'_>) -> Option<Arc<Keyed<KeyLease>>> {
+        let tables = self.tables.load();
+        let table = tables
+            .get(key.domain)?
+            .get(key.rule_index as usize)?
+            .as_ref()?;
+        let h = table.hash(key.entries);
+        Some(table.get_or_insert_with(key.entries, h, || new_key(key)))
+    }
+
+    /// The key's lease state if it exists (no creation).
+    pub fn existing(
+        &self,
+        domain: &str,
+        rule_index: u32,
+        entries: &[Entry<'_>],
+    ) -> Option<Arc<Keyed<KeyLease>>> {
+        let tables = self.tables.load();
+        let table = tables.get(domain)?.get(rule_index as usize)?.as_ref()?;
+        table.get(entries, table.hash(entries))
+    }
+
+    /// Asks the manager for an allocation unless one is in flight or a retry is not due.
+    pub fn request_lease(&self, kl: &Arc<Keyed<KeyLease>>, now: Nanos) {
+        let v = &kl.value;
+        if now < v.next_try_at.load(Ordering::Relaxed) || v.acquiring.load(Ordering::Relaxed) {
+            return;
+        }
+        if v.acquiring
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+        {
+            // A closed channel means the agent is shutting down: nothing more to lease.
+            let _ = self.events.send(LeaseEvent::Acquire(kl.clone()));
+        }
+    }
+
+    /// Σ over every key of the unreported allocation tokens plus emergency admissions: the most
+    /// this agent can have admitted beyond what the allocator knows (seed §23), microtokens.
+    pub fn overshoot_bound(&self) -> Micros {
+        let mut total = 0u64;
+        for t in self.tables() {
+            t.for_each(|k| {
+                total = total
+                    .saturating_add(k.value.unreported())
+                    .saturating_add(k.value.emergency_admitted.load(Ordering::Relaxed));
+            });
+        }
+        total
+    }
+
+    fn decide(
+        &self,
+        key: GlobalKey<'_>,
+        cost: Micros,
+        now: Nanos,
+        take: bool,
+    ) -> GlobalDecision<LeaseReservation> {
+        let Some(kl) = self.key(&key) else {
+            // A rule that is not leased never reaches here; deny rather than admit unlimited.
+            return denied(0, RetryAfter::After(self.settings.retry_floor_ns()), false);
+        };
+        let v = &kl.value;
+        v.last_used.store(now, Ordering::Relaxed);
+        let capacity = v.params.capacity();
+        if cost > capacity {
+            return denied(v.remaining(now), RetryAfter::Never, false);
+        }
+        let allocs = v.allocations.load();
+        if take {
+            for a in allocs.iter() {
+                if a.try_spend(cost, now) {
+                    v.admitted.fetch_add(cost, Ordering::Relaxed);
+                    self.counters.leased_admits.fetch_add(1, Ordering::Relaxed);
+                    let remaining: Micros = allocs.iter().map(|a| a.remaining(now)).sum();
+                    if remaining < self.low_watermark(v) {
+                        self.request_lease(&kl, now);
+                    }
+                    return GlobalDecision {
+                        decision: allowed(remaining, v, now),
+                        reservation: Some(LeaseReservation::Allocation(a.clone(), cost)),
+                        cold: false,
+                    };
+                }
+            }
+        } else if allocs.iter().any(|a| a.remaining(now) >= cost) {
+            let remaining: Micros = allocs.iter().map(|a| a.remaining(now)).sum();
+            return GlobalDecision {
+                decision: allowed(remaining.saturating_sub(cost), v, now),
+                reservation: None,
+                cold: false,
+            };
+        }
+        let remaining: Micros = allocs.iter().map(|a| a.remaining(now)).sum();
+        // Nothing held covers it: ask for more (in the background) and decide without it.
+        if take {
+            self.request_lease(&kl, now);
+        }
+        let cold = !v.answered.load(Ordering::Acquire);
+        if cold {
+            self.counters.cold_misses.fetch_add(1, Ordering::Relaxed);
+            return denied(
+                remaining,
+                RetryAfter::After(self.settings.retry_floor_ns()),
+                true,
+            );
+        }
+        if !self.is_reachable() {
+            if v.failure_mode == FailureMode::Emergency {
+                if let Some(d) = self.emergency(&kl, cost, now, take) {
+                    return d;
+                }
+            } else {
+                self.counters
+                    .failure_denials
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        // The allocator's own Retry-After (from its bucket) while it stands, else the time the
+        // policy's rate needs to produce the cost.
+        let until = v.next_try_at.load(Ordering::Relaxed);
+        let wait = if until > now {
+            until - now
+        } else {
+            time_for(cost, v.params).max(self.settings.retry_floor_ns())
+        };
+        denied(remaining, RetryAfter::After(wait), false)
+    }
+
+    /// The emergency bucket (failure mode `emergency`): a local token bucket at a fraction of
+    /// the policy's rate and burst. Everything it admits counts in the overshoot bound.
+    fn emergency(
+        &self,
+        kl: &Arc<Keyed<KeyLease>>,
+        cost: Micros,
+        now: Nanos,
+        take: bool,
+    ) -> Option<GlobalDecision<LeaseReservation>> {
+        let v = &kl.value;
+        let bucket = self.settings.emergency_bucket(&v.params)?;
+        let mut g = v.emergency.lock();
+        let st = g.get_or_insert_with(|| bucket.initial_state(now));
+        let d = bucket.check(st, now, cost);
+        if d.allowed && take {
+            bucket.spend(st, now, cost);
+            v.emergency_admitted.fetch_add(cost, Ordering::Relaxed);
+            v.admitted.fetch_add(cost, Ordering::Relaxed);
+            self.counters
+                .emergency_admits
+                .fetch_add(1, Ordering::Relaxed);
+            return Some(GlobalDecision {
+                decision: d,
+                reservation: Some(LeaseReservation::Emergency(kl.clone(), cost)),
+                cold: false,
+            });
+        }
+        Some(GlobalDecision {
+            decision: d,
+            reservation: None,
+            cold: false,
+        })
+    }
+
+    fn low_watermark(&self, v: &KeyLease) -> Micros {
+        (u128::from(v.max_grant) * u128::from(self.settings.low_watermark_pct) / 100) as u64
+    }
+}
+
+/// Whether an agent leases this rule from the allocator.
+pub fn leased(r: &Rule) -> bool {
+    r.scope == Scope::Global && matches!(r.limit, RuleLimit::Limited { .. })
+}
+
+fn new_key(key: &GlobalKey<'_>) -> KeyLease {
+    let params = match key.rule.limit {
+        RuleLimit::Limited { params, .. } => params,
+        // `key` is only called for leased rules, which are limited.
+        RuleLimit::Unlimited => LimitParams::TokenBucket {
+            capacity: MICROS_PER_TOKEN,
+            rate: Rate {
+                micros: MICROS_PER_TOKEN,
+                per_ns: 1,
+            },
+        },
+    };
+    KeyLease {
+        domain: key.domain.to_string(),
+        entries: key
+            .entries
+            .iter()
+            .map(|e| (e.key.to_string(), e.value.to_string()))
+            .collect(),
+        rule_id: key.rule.id.clone(),
+        rule_name: key.rule.name.clone(),
+        params,
+        failure_mode: key.rule.failure_mode,
+        max_grant: key.rule.lease.max_grant,
+        allocations: ArcSwap::from_pointee(Vec::new()),
+        acquiring: AtomicBool::new(false),
+        ready: Notify::new(),
+        next_try_at: AtomicU64::new(0),
+        ttl_ms: key.rule.lease.ttl_ms,
+        answered: AtomicBool::new(false),
+        admitted: AtomicU64::new(0),
+        prev_admitted: AtomicU64::new(0),
+        demand_per_s: AtomicU64::new(0),
+        alloc_write: tokio::sync::Mutex::new(()),
+        emergency_admitted: AtomicU64::new(0),
+        emergency: Mutex::new(None),
+        last_used: AtomicU64::new(0),
+    }
+}
+
+/// Nanoseconds for the policy's rate to produce `cost` (a Retry-After when the allocator has
+/// not said better).
+fn time_for(cost: Micros, p: LimitParams) -> Nanos {
+    let rate = match p {
+        LimitParams::TokenBucket { rate, .. } | LimitParams::Gcra { rate, .. } => rate,
+        LimitParams::FixedWindow(w)
+        | LimitParams::SlidingWindow(w)
+        | LimitParams::SlidingLog(w) => Rate {
+            micros: w.limit,
+            per_ns: w.period_ns,
+        },
+    };
+    let ns = (u128::from(cost) * u128::from(rate.per_ns)).div_ceil(u128::from(rate.micros.max(1)));
+    u64::try_from(ns).unwrap_or(u64::MAX)
+}
+
+fn allowed(remaining: Micros, v: &KeyLease, _now: Nanos) -> Decision {
+    Decision {
+        allowed: true,
+        remaining_micros: remaining,
+        reset_after: time_for(v.params.capacity().saturating_sub(remaining), v.params),
+        retry_after: RetryAfter::Now,
+    }
+}
+
+fn denied(remaining: Micros, retry: RetryAfter, cold: bool) -> GlobalDecision<LeaseReservation> {
+    GlobalDecision {
+        decision: Decision {
+            allowed: false,
+            remaining_micros: remaining,
+            reset_after: match retry {
+                RetryAfter::After(n) => n,
+                _ => 0,
+            },
+            retry_after: retry,
+        },
+        reservation: None,
+        cold,
+    }
+}
+
+impl GlobalLimits for LeaseBook {
+    type Reservation = LeaseReservation;
+
+    fn reserve(
+        &self,
+        key: GlobalKey<'_>,
+        cost: Micros,
+        now: Nanos,
+    ) -> GlobalDecision<LeaseReservation> {
+        self.decide(key, cost, now, true)
+    }
+
+    fn peek(
+        &self,
+        key: GlobalKey<'_>,
+        cost: Micros,
+        now: Nanos,
+    ) -> GlobalDecision<LeaseReservation> {
+        self.decide(key, cost, now, false)
+    }
+
+    fn refund(&self, key: GlobalKey<'_>, micros: Micros, now: Nanos) {
+        let Some(kl) = self.key(&key) else { return };
+        let mut left = micros;
+        // Newest first: the allocation least likely to have been reported already.
+        for a in kl.value.allocations.load().iter().rev() {
+            if left == 0 {
+                break;
+            }
+            if a.is_expired(now) {
+                continue;
+            }
+            let back = left.min(a.spent().saturating_sub(a.reported()));
+            if back > 0 {
+                a.unspend(back);
+                left -= back;
+            }
+        }
+        kl.value
+            .admitted
+            .fetch_sub(micros - left, Ordering::Relaxed);
+    }
+
+    fn cancel(&self, r: LeaseReservation) {
+        match r {
+            LeaseReservation::Allocation(a, cost) => a.unspend(cost),
+            LeaseReservation::Emergency(kl, cost) => {
+                kl.value
+                    .emergency_admitted
+                    .fetch_sub(cost, Ordering::Relaxed);
+                let now = self.clock.now();
+                if let Some(bucket) = self.settings.emergency_bucket(&kl.value.params) {
+                    if let Some(st) = kl.value.emergency.lock().as_mut() {
+                        bucket.refund(st, now, cost);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Milliseconds → ns helper for settings.
+pub(crate) fn ms(v: u64) -> Nanos {
+    v.saturating_mul(NANOS_PER_MILLI)
+}
+
+/// The emergency bucket's parameters: `ppm` of the policy's rate and capacity (at least one token
+/// of capacity), or `None` when the policy is not a bucket or the fraction is 0.
+pub(crate) fn emergency_params(p: &LimitParams, ppm: u32) -> Option<TokenBucket> {
+    if ppm == 0 {
+        return None;
+    }
+    let (cap, rate) = match *p {
+        LimitParams::TokenBucket { capacity, rate } | LimitParams::Gcra { capacity, rate } => {
+            (capacity, rate)
+        }
+        LimitParams::FixedWindow(w)
+        | LimitParams::SlidingWindow(w)
+        | LimitParams::SlidingLog(w) => (
+            w.limit,
+            Rate {
+                micros: w.limit,
+                per_ns: w.period_ns,
+            },
+        ),
+    };
+    let s = |m: u64| (u128::from(m) * u128::from(ppm) / 1_000_000) as u64;
+    let micros = s(rate.micros);
+    if micros == 0 {
+        return None;
+    }
+    Some(TokenBucket {
+        capacity: s(cap).max(MICROS_PER_TOKEN),
+        rate: Rate {
+            micros,
+            per_ns: rate.per_ns,
+        },
+    })
+}

@@ -1,0 +1,14 @@
+//! Leased enforcement of `scope: global` limits: allocations held per key, spent on the hot path
+//! with atomics ([`book`]), acquired, reported and released in the background ([`manager`]).
+
+pub mod allocation;
+pub mod book;
+pub mod client;
+pub mod manager;
+pub mod settings;
+
+pub use allocation::HeldAllocation;
+pub use book::{KeyLease, LeaseBook, LeaseEvent, LeaseReservation};
+pub use client::{AllocatorLink, LinkError};
+pub use manager::LeaseManager;
+pub use settings::LeaseSettings;

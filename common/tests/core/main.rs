@@ -1,0 +1,13 @@
+//! Integration tests of the decision core (issue 2, "Tests"; seed §5–10, §28, §30).
+//!
+//! One test binary with modules. Every test drives time explicitly (a `now` argument or a
+//! [`ManualClock`](allot_common::ManualClock)); none sleeps. Every test asserts exact numbers.
+
+mod concurrency;
+mod limiter;
+mod properties;
+mod robustness;
+mod seed30;
+mod shaper;
+mod support;
+mod transitions;
