@@ -79,6 +79,27 @@ impl Enforcer {
             .decide_with(req, self.clock.now(), statuses, self.book.as_ref())
     }
 
+    /// Gives back `unused[i]` microtokens of descriptor `i` of an admitted request that was
+    /// spent at `spent_at` (seed §24: settle a reservation). Buckets never rise above capacity;
+    /// leased descriptors get back only what has not been reported yet.
+    ///
+    /// # Errors
+    /// [`RequestError`] for invalid input or an unknown domain; nothing changes.
+    pub fn refund(
+        &self,
+        req: &Request<'_>,
+        unused: &[allot_common::units::Micros],
+        spent_at: allot_common::units::Nanos,
+    ) -> Result<(), RequestError> {
+        self.limiter.refund(
+            req,
+            unused,
+            spent_at,
+            self.clock.now(),
+            Some(self.book.as_ref()),
+        )
+    }
+
     /// Decides `req`. When a leased descriptor's key has no allocation yet, waits (at most
     /// `cold_wait_ms`) for its first Acquire to finish and decides again.
     ///

@@ -50,7 +50,8 @@ pub trait GlobalLimits {
         now: Nanos,
     ) -> GlobalDecision<Self::Reservation>;
 
-    /// The decision `reserve` would give, without taking anything.
+    /// Whether `reserve` would allow, without taking anything: the decision's remaining is
+    /// what the key holds now (the request is already denied elsewhere, nothing will be spent).
     fn peek(
         &self,
         key: GlobalKey<'_>,

@@ -308,7 +308,7 @@ impl LeaseBook {
         } else if allocs.iter().any(|a| a.remaining(now) >= cost) {
             let remaining: Micros = allocs.iter().map(|a| a.remaining(now)).sum();
             return GlobalDecision {
-                decision: allowed(remaining.saturating_sub(cost), v, now),
+                decision: allowed(remaining, v, now),
                 reservation: None,
                 cold: false,
             };

@@ -12,3 +12,6 @@ pub use book::{KeyLease, LeaseBook, LeaseEvent, LeaseReservation};
 pub use client::{AllocatorLink, LinkError};
 pub use manager::LeaseManager;
 pub use settings::LeaseSettings;
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,247 @@
+//! The lease hot path without a network: allocations are installed by hand, time is manual.
+
+use super::*;
+use crate::enforce::Enforcer;
+use allot_common::clock::ManualClock;
+use allot_common::config::ConfigSet;
+use allot_common::descriptor::{Descriptor, Entry, Request};
+use allot_common::limiter::{Code, DescriptorStatus, Reason};
+use allot_common::units::{MICROS_PER_TOKEN as T, NANOS_PER_MILLI as MS};
+use allot_common::RetryAfter;
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use tokio::sync::mpsc;
+
+const POLICY: &str = "domain: api
+descriptors:
+  - key: tenant
+    rate_limit:
+      unit: second
+      requests_per_unit: 10
+      burst: 40
+      lease: {ttl_ms: 5000, max_grant: 20}
+    descriptors:
+      - key: user
+        rate_limit: {unit: minute, requests_per_unit: 2, algorithm: fixed_window, scope: local}
+  - key: fleet
+    rate_limit: {unit: second, requests_per_unit: 100, burst: 100, failure_mode: emergency}
+";
+
+struct Rig {
+    clock: ManualClock,
+    enforcer: Enforcer,
+    events: mpsc::UnboundedReceiver<LeaseEvent>,
+}
+
+fn rig() -> Rig {
+    let clock = ManualClock::new(1_000 * MS);
+    let (tx, events) = mpsc::unbounded_channel();
+    let book = Arc::new(LeaseBook::new(
+        Arc::new(clock.clone()),
+        LeaseSettings::new("gw1", "eu"),
+        tx,
+    ));
+    let config = ConfigSet::from_yaml(POLICY, Path::new("p.yaml")).unwrap();
+    Rig {
+        clock,
+        enforcer: Enforcer::new(config, book),
+        events,
+    }
+}
+
+fn decide(
+    r: &Rig,
+    entries: &[(&str, &str)],
+    extra: Option<&[(&str, &str)]>,
+) -> (Code, Vec<DescriptorStatus>, bool) {
+    let e1: Vec<Entry<'_>> = entries
+        .iter()
+        .map(|(k, v)| Entry { key: k, value: v })
+        .collect();
+    let e2: Vec<Entry<'_>> = extra
+        .unwrap_or(&[])
+        .iter()
+        .map(|(k, v)| Entry { key: k, value: v })
+        .collect();
+    let mut ds = vec![Descriptor {
+        entries: &e1,
+        hits_addend: None,
+    }];
+    if extra.is_some() {
+        ds.push(Descriptor {
+            entries: &e2,
+            hits_addend: None,
+        });
+    }
+    let req = Request {
+        domain: "api",
+        descriptors: &ds,
+        hits_addend: None,
+    };
+    let mut st = Vec::new();
+    let o = r.enforcer.decide_now(&req, &mut st).unwrap();
+    (o.code, st, o.awaiting_lease)
+}
+
+/// Installs a grant the way the manager does after an Acquire.
+fn install(
+    r: &Rig,
+    entries: &[(&str, &str)],
+    rule_index: u32,
+    id: u64,
+    granted: u64,
+    ttl_ms: u64,
+) -> Arc<HeldAllocation> {
+    let es: Vec<Entry<'_>> = entries
+        .iter()
+        .map(|(k, v)| Entry { key: k, value: v })
+        .collect();
+    let kl = r
+        .enforcer
+        .book()
+        .existing("api", rule_index, &es)
+        .expect("key seen");
+    let a = Arc::new(HeldAllocation::new(
+        id,
+        id,
+        granted,
+        r.clock_now() + ttl_ms * MS,
+        0,
+        1,
+    ));
+    let mut v: Vec<_> = kl.value.allocations.load().iter().cloned().collect();
+    v.push(a.clone());
+    kl.value.set_allocations(v);
+    kl.value.answered.store(true, Ordering::Release);
+    kl.value.acquiring.store(false, Ordering::Release);
+    a
+}
+
+impl Rig {
+    fn clock_now(&self) -> u64 {
+        use allot_common::Clock;
+        self.clock.now()
+    }
+}
+
+#[test]
+fn cold_key_asks_once_and_is_denied_until_granted() {
+    let mut r = rig();
+    let (code, st, awaiting) = decide(&r, &[("tenant", "acme")], None);
+    assert_eq!((code, awaiting), (Code::OverLimit, true));
+    assert_eq!(st[0].reason, Reason::OverLimit);
+    // One Acquire event, not one per request.
+    decide(&r, &[("tenant", "acme")], None);
+    assert!(matches!(r.events.try_recv(), Ok(LeaseEvent::Acquire(_))));
+    assert!(r.events.try_recv().is_err());
+    install(&r, &[("tenant", "acme")], 0, 1, 3 * T, 5000);
+    for left in [2, 1, 0] {
+        let (code, st, _) = decide(&r, &[("tenant", "acme")], None);
+        assert_eq!(code, Code::Ok);
+        assert_eq!(st[0].remaining, left);
+    }
+    // Exhausted: denied, not cold, with a Retry-After from the policy rate (1 token at 10/s).
+    let (code, st, awaiting) = decide(&r, &[("tenant", "acme")], None);
+    assert_eq!((code, awaiting), (Code::OverLimit, false));
+    assert_eq!(st[0].retry_after, RetryAfter::After(100 * MS));
+}
+
+#[test]
+fn allocations_are_not_spent_past_their_local_deadline() {
+    let r = rig();
+    decide(&r, &[("tenant", "acme")], None);
+    install(&r, &[("tenant", "acme")], 0, 1, 10 * T, 5000);
+    assert_eq!(decide(&r, &[("tenant", "acme")], None).0, Code::Ok);
+    r.clock.advance(5000 * MS);
+    assert_eq!(decide(&r, &[("tenant", "acme")], None).0, Code::OverLimit);
+}
+
+#[test]
+fn a_local_denial_cancels_the_leased_reservation() {
+    let r = rig();
+    decide(&r, &[("tenant", "acme")], None);
+    let a = install(&r, &[("tenant", "acme")], 0, 1, 10 * T, 5000);
+    // Two descriptors: the tenant (leased) and tenant+user (local fixed window, 2/min).
+    let user = [("tenant", "acme"), ("user", "u1")];
+    let tenant = [("tenant", "acme")];
+    assert_eq!(decide(&r, &tenant, Some(&user)).0, Code::Ok);
+    assert_eq!(decide(&r, &tenant, Some(&user)).0, Code::Ok);
+    assert_eq!(a.spent(), 2 * T);
+    // Third: the local limit denies, so the leased token is given back.
+    let (code, st, _) = decide(&r, &tenant, Some(&user));
+    assert_eq!(code, Code::OverLimit);
+    assert_eq!(a.spent(), 2 * T);
+    assert_eq!((st[0].code, st[1].reason), (Code::Ok, Reason::OverLimit));
+    assert_eq!(st[0].remaining, 8, "tenant shows what it still holds");
+    // A leased denial leaves the local window untouched in a two-descriptor request.
+    let (code, _, _) = decide(&r, &[("tenant", "acme")], Some(&[("tenant", "other")]));
+    assert_eq!(code, Code::OverLimit, "other tenant is cold");
+    assert_eq!(a.spent(), 2 * T, "acme's token was returned");
+}
+
+#[test]
+fn overshoot_bound_is_granted_minus_reported_plus_emergency() {
+    let r = rig();
+    decide(&r, &[("tenant", "acme")], None);
+    let a = install(&r, &[("tenant", "acme")], 0, 1, 20 * T, 5000);
+    let book = r.enforcer.book();
+    assert_eq!(book.overshoot_bound(), 20 * T);
+    for _ in 0..5 {
+        decide(&r, &[("tenant", "acme")], None);
+    }
+    a.set_reported(5 * T);
+    assert_eq!(book.overshoot_bound(), 15 * T);
+    // Allocator unreachable, nothing held for fleet: failure mode emergency admits from a
+    // bucket of 10% of rate and burst (10 tokens, 10/s), and the bound grows by what it admits.
+    decide(&r, &[("fleet", "f1")], None);
+    let fleet: Vec<Entry<'_>> = vec![Entry {
+        key: "fleet",
+        value: "f1",
+    }];
+    let kl = book.existing("api", 2, &fleet).unwrap();
+    kl.value.answered.store(true, Ordering::Release);
+    kl.value.acquiring.store(false, Ordering::Release);
+    book.set_reachable(false);
+    let mut admitted = 0;
+    for _ in 0..15 {
+        if decide(&r, &[("fleet", "f1")], None).0 == Code::Ok {
+            admitted += 1;
+        }
+    }
+    assert_eq!(admitted, 10);
+    assert_eq!(book.overshoot_bound(), 15 * T + 10 * T);
+    // Failure mode deny: acme is out of allocation and the allocator is down → denied.
+    for _ in 0..15 {
+        decide(&r, &[("tenant", "acme")], None);
+    }
+    assert_eq!(decide(&r, &[("tenant", "acme")], None).0, Code::OverLimit);
+    assert!(book.counters.failure_denials.load(Ordering::Relaxed) > 0);
+}
+
+#[test]
+fn refunds_return_unreported_spend_only() {
+    let r = rig();
+    decide(&r, &[("tenant", "acme")], None);
+    let a = install(&r, &[("tenant", "acme")], 0, 1, 10 * T, 5000);
+    let e = [Entry {
+        key: "tenant",
+        value: "acme",
+    }];
+    let ds = [Descriptor {
+        entries: &e,
+        hits_addend: Some(6),
+    }];
+    let req = Request {
+        domain: "api",
+        descriptors: &ds,
+        hits_addend: None,
+    };
+    let mut st = Vec::new();
+    assert_eq!(r.enforcer.decide_now(&req, &mut st).unwrap().code, Code::Ok);
+    assert_eq!(a.spent(), 6 * T);
+    a.set_reported(4 * T);
+    r.enforcer.refund(&req, &[5 * T], r.clock_now()).unwrap();
+    // Only the 2 tokens not yet reported can come back.
+    assert_eq!(a.spent(), 4 * T);
+}
