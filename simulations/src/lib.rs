@@ -1,0 +1,13 @@
+//! # allot-simulations
+//!
+//! Tools that drive a running Allot from outside, over its real APIs:
+//! * [`rls`]: an Envoy rate-limit-service client and an open-loop load generator
+//!   (`allot-bench rls`), usable against any RLS server;
+//! * [`local`]: a local deployment on real processes (3 allocators, N agents);
+//! * [`scenario`]: the Acme story (burst, sustained overload, regional skew, leader failover).
+
+#![warn(missing_docs)]
+
+pub mod local;
+pub mod rls;
+pub mod scenario;
