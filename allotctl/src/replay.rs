@@ -125,6 +125,23 @@ fn resolve(trace: &Path, name: &str) -> PathBuf {
     }
 }
 
+/// Loads every config the trace switches to, before anything is decided: a policy that would
+/// be refused mid-way refuses the whole replay, as a rollout would be refused.
+fn preload(trace: &Path) -> Result<()> {
+    let file = std::fs::File::open(trace)
+        .with_context(|| format!("{}: cannot open trace", trace.display()))?;
+    for line in std::io::BufReader::new(file).lines() {
+        let line = line.with_context(|| format!("{}: unreadable", trace.display()))?;
+        let Ok(v) = serde_json::from_str::<Value>(&line) else {
+            continue;
+        };
+        if let Some(name) = v.get("config").and_then(Value::as_str) {
+            ConfigSet::load(&resolve(trace, name)).map_err(|e| anyhow::anyhow!("{e}"))?;
+        }
+    }
+    Ok(())
+}
+
 /// Runs the replay, writing decisions to `out`. Returns the summary.
 ///
 /// # Errors
@@ -132,6 +149,7 @@ fn resolve(trace: &Path, name: &str) -> PathBuf {
 /// nothing further is decided then.
 pub fn run(config: &Path, trace: &Path, out: &mut dyn Write) -> Result<Summary> {
     let set = ConfigSet::load(config).map_err(|e| anyhow::anyhow!("{e}"))?;
+    preload(trace)?;
     let file = std::fs::File::open(trace)
         .with_context(|| format!("{}: cannot open trace", trace.display()))?;
     let mut out = BufWriter::new(out);

@@ -219,6 +219,8 @@ struct Children {
 pub struct DomainConfig {
     /// The domain name.
     pub domain: String,
+    /// The file it was read from.
+    pub source: PathBuf,
     /// Every rule, in file order.
     pub rules: Vec<Rule>,
     nodes: Vec<Node>,
@@ -333,20 +335,10 @@ impl ConfigSet {
     /// [`ConfigError::DuplicateDomain`] when the domain is already present.
     pub fn insert(&mut self, d: DomainConfig) -> Result<(), ConfigError> {
         if let Some(other) = self.domains.get(&d.domain) {
-            let first = other
-                .rules
-                .first()
-                .map(|r| r.source.clone())
-                .unwrap_or_default();
-            let second = d
-                .rules
-                .first()
-                .map(|r| r.source.clone())
-                .unwrap_or_default();
             return Err(ConfigError::DuplicateDomain {
                 domain: d.domain.clone(),
-                first,
-                second,
+                first: other.source.clone(),
+                second: d.source.clone(),
             });
         }
         self.domains.insert(d.domain.clone(), d);

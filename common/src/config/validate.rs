@@ -91,6 +91,7 @@ pub(crate) fn domain(text: &str, file: &Path) -> Result<DomainConfig, ConfigErro
         .to_string();
     let mut out = DomainConfig {
         domain: domain.clone(),
+        source: file.to_path_buf(),
         rules: Vec::new(),
         nodes: vec![Node::default()],
     };

@@ -53,6 +53,33 @@ async fn main() -> Result<()> {
             .context("binary has no folder")?
             .to_path_buf(),
     };
+    // Started by `cargo run`: make sure the sibling binaries are built and current (a no-op
+    // when they are), so the README's one command is enough on a fresh clone.
+    if let Some(cargo) = std::env::var_os("CARGO") {
+        let profile = bin_dir
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("debug")
+            .to_string();
+        let mut cmd = std::process::Command::new(cargo);
+        cmd.args([
+            "build",
+            "-p",
+            "allot-allocator",
+            "-p",
+            "allot-agent",
+            "--bins",
+        ]);
+        if profile == "release" {
+            cmd.arg("--release");
+        } else if profile != "debug" {
+            cmd.args(["--profile", &profile]);
+        }
+        let status = cmd.status().context("cannot run cargo build")?;
+        if !status.success() {
+            bail!("cargo build of allot-allocator and allot-agent failed");
+        }
+    }
     for b in ["allot-allocator", "allot-agent"] {
         if !bin_dir.join(b).exists() {
             bail!(
