@@ -49,6 +49,9 @@ pub enum Reason {
     CostExceedsCapacity,
     /// The rule's key table is full of active keys (memory bound, seed §3).
     KeyTableFull,
+    /// Every concurrency slot of the key is taken (`max_in_flight`, seed §25). Set by an agent,
+    /// which holds the slots; the limiter itself never answers it.
+    ConcurrencyLimit,
 }
 
 /// The limit that applied to a descriptor, as configured (Envoy's `current_limit`).

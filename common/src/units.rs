@@ -128,6 +128,31 @@ mod tests {
     }
 
     #[test]
+    fn narrow_division_fast_path_is_exact() {
+        let m = u64::MAX as u128;
+        let vals = [
+            0,
+            1,
+            2,
+            3,
+            7,
+            999_999,
+            1_000_000,
+            m - 1,
+            m,
+            m + 1,
+            m * 3 + 2,
+            u128::MAX,
+        ];
+        for a in vals {
+            for b in vals.into_iter().filter(|&b| b > 0) {
+                assert_eq!(div_u128(a, b), a / b, "{a} / {b}");
+                assert_eq!(div_ceil_u128(a, b), a.div_ceil(b), "{a} /^ {b}");
+            }
+        }
+    }
+
+    #[test]
     fn extreme_products_fit_in_u128() {
         // capacity × period and time × rate, the two largest products the algorithms form.
         let cap = tokens_to_micros(MAX_TOKENS) as u128;

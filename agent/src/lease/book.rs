@@ -561,15 +561,8 @@ pub(crate) fn emergency_params(p: &LimitParams, ppm: u32) -> Option<TokenBucket>
         ),
     };
     let s = |m: u64| (u128::from(m) * u128::from(ppm) / 1_000_000) as u64;
-    let micros = s(rate.micros);
-    if micros == 0 {
-        return None;
-    }
     Some(TokenBucket {
         capacity: s(cap).max(MICROS_PER_TOKEN),
-        rate: Rate {
-            micros,
-            per_ns: rate.per_ns,
-        },
+        rate: rate.scaled(ppm)?,
     })
 }

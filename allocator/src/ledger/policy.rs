@@ -4,7 +4,7 @@ use super::{
     Ledger, LedgerError, PolicyDoc, PolicyKey, PolicyShares, RegionShareState, Response, Share,
     ShareSpec,
 };
-use allot_common::algorithm::{AlgorithmKind, LimitParams, Rate, WindowParams};
+use allot_common::algorithm::{AlgorithmKind, LimitParams, WindowParams};
 use allot_common::config::{ConfigSet, DomainConfig, Rule, RuleLimit, Scope, PPM};
 use allot_common::descriptor::{encode_key, Descriptor, Entry, Request};
 use std::path::Path;
@@ -34,7 +34,8 @@ pub(super) fn parse(yaml: &str) -> Result<DomainConfig, String> {
 }
 
 /// Parameters of a region's bucket: the policy's limit scaled by `ppm`; `None` at 0 ppm.
-/// Exact: capacities and rates are whole tokens × 10⁶, so × ppm / 10⁶ loses nothing.
+/// Exact: capacities and limits are whole tokens × 10⁶, so × ppm / 10⁶ loses nothing, and rates
+/// are scaled as exact ratios.
 pub(super) fn scaled(params: &LimitParams, ppm: u32) -> Option<LimitParams> {
     if ppm == 0 {
         return None;
@@ -43,17 +44,11 @@ pub(super) fn scaled(params: &LimitParams, ppm: u32) -> Option<LimitParams> {
     Some(match *params {
         LimitParams::TokenBucket { capacity, rate } => LimitParams::TokenBucket {
             capacity: s(capacity),
-            rate: Rate {
-                micros: s(rate.micros),
-                per_ns: rate.per_ns,
-            },
+            rate: rate.scaled(ppm)?,
         },
         LimitParams::Gcra { capacity, rate } => LimitParams::Gcra {
             capacity: s(capacity),
-            rate: Rate {
-                micros: s(rate.micros),
-                per_ns: rate.per_ns,
-            },
+            rate: rate.scaled(ppm)?,
         },
         LimitParams::FixedWindow(w) => LimitParams::FixedWindow(WindowParams {
             limit: s(w.limit),

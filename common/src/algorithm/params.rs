@@ -5,14 +5,50 @@ use std::fmt;
 
 /// A refill rate as an exact ratio: `micros` microtokens every `per_ns` nanoseconds.
 ///
-/// Kept as a ratio (never divided out) so that rates like 3 per second or 7 per minute accumulate
-/// no rounding error however many small steps time advances in (seed §8).
+/// Kept as a ratio in lowest terms (never divided out) so that rates like 3 per second or 7 per
+/// minute accumulate no rounding error however many small steps time advances in (seed §8).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct Rate {
     /// Microtokens added per period; > 0.
     pub micros: u64,
     /// Period in nanoseconds; > 0.
     pub per_ns: u64,
+}
+
+fn gcd(mut a: u128, mut b: u128) -> u128 {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
+}
+
+impl Rate {
+    /// `micros` microtokens per `per_ns` nanoseconds, reduced to lowest terms (the same rate;
+    /// smaller terms keep the algorithms' products within 64 bits, where division is cheap).
+    /// `None` when either term is 0.
+    pub fn new(micros: u64, per_ns: u64) -> Option<Rate> {
+        Rate::reduced(u128::from(micros), u128::from(per_ns))
+    }
+
+    fn reduced(micros: u128, per_ns: u128) -> Option<Rate> {
+        if micros == 0 || per_ns == 0 {
+            return None;
+        }
+        let g = gcd(micros, per_ns);
+        Some(Rate {
+            micros: u64::try_from(micros / g).ok()?,
+            per_ns: u64::try_from(per_ns / g).ok()?,
+        })
+    }
+
+    /// This rate × `ppm` / 10⁶, exactly (a regional share or an emergency fraction).
+    /// `None` at 0 ppm, or when the exact ratio does not fit in 64-bit terms.
+    pub fn scaled(self, ppm: u32) -> Option<Rate> {
+        Rate::reduced(
+            u128::from(self.micros) * u128::from(ppm),
+            u128::from(self.per_ns) * 1_000_000,
+        )
+    }
 }
 
 /// A windowed limit: at most `limit` microtokens per `period_ns`.
@@ -155,10 +191,11 @@ impl LimitParams {
                 max: MAX_PERIOD_NS,
             });
         }
-        let rate = Rate {
+        // Both terms are > 0 here, so the reduction exists.
+        let rate = Rate::new(tokens_to_micros(requests_per_unit), period_ns).unwrap_or(Rate {
             micros: tokens_to_micros(requests_per_unit),
             per_ns: period_ns,
-        };
+        });
         let burst = burst.unwrap_or(requests_per_unit);
         if kind.is_bucket() && (burst == 0 || burst > MAX_TOKENS) {
             return Err(ParamsError::Burst {
@@ -206,5 +243,60 @@ impl LimitParams {
             | LimitParams::SlidingWindow(w)
             | LimitParams::SlidingLog(w) => w.limit,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rates_are_kept_in_lowest_terms_and_scale_exactly() {
+        let r = Rate::new(10_000_000, 1_000_000_000).unwrap();
+        assert_eq!(
+            r,
+            Rate {
+                micros: 1,
+                per_ns: 100
+            }
+        );
+        // 3 per second stays 3/10⁹ µ… exactly: 3 000 000 µtok per 10⁹ ns = 3 per 1000 ns.
+        assert_eq!(
+            Rate::new(3_000_000, 1_000_000_000).unwrap(),
+            Rate {
+                micros: 3,
+                per_ns: 1_000
+            }
+        );
+        // 50% of 10/s is 5/s; 35% of 1000/s is 350/s; 0 ppm is no rate.
+        assert_eq!(
+            r.scaled(500_000).unwrap(),
+            Rate::new(5_000_000, 1_000_000_000).unwrap()
+        );
+        let k = Rate::new(1_000_000_000, 1_000_000_000).unwrap();
+        assert_eq!(
+            k.scaled(350_000).unwrap(),
+            Rate::new(350_000_000, 1_000_000_000).unwrap()
+        );
+        assert_eq!(r.scaled(0), None);
+        assert_eq!(Rate::new(0, 5), None);
+        // A ratio whose exact terms do not fit in 64 bits is refused, not rounded.
+        let odd = Rate::new(999_999_999_999_999_989, 999_999_999_999_999_967).unwrap();
+        assert_eq!(odd.scaled(333_333), None);
+    }
+
+    #[test]
+    fn params_reduce_their_rate() {
+        let p = LimitParams::new(AlgorithmKind::TokenBucket, 10, 1_000_000_000, Some(40)).unwrap();
+        assert_eq!(
+            p,
+            LimitParams::TokenBucket {
+                capacity: 40_000_000,
+                rate: Rate {
+                    micros: 1,
+                    per_ns: 100
+                }
+            }
+        );
     }
 }

@@ -135,19 +135,6 @@ impl RateAlgorithm for TokenBucket {
             .saturating_sub(cost as u128 * self.rate.per_ns as u128);
     }
 
-    /// `check` then `spend` with one refill (same result as the default).
-    #[inline]
-    fn decide(&self, state: &mut TokenBucketState, now: Nanos, cost: Micros) -> Decision {
-        self.refill(state, now);
-        let d = bucket_decision(state.level, self.capacity, self.rate, cost);
-        if d.allowed {
-            state.level = state
-                .level
-                .saturating_sub(cost as u128 * self.rate.per_ns as u128);
-        }
-        d
-    }
-
     fn is_idle(&self, state: &TokenBucketState, now: Nanos) -> bool {
         let mut s = *state;
         self.refill(&mut s, now);
