@@ -5,6 +5,7 @@ use std::path::PathBuf;
 const PROTOS: &[&str] = &[
     "allot/v1/raft.proto",
     "allot/v1/allocator.proto",
+    "allot/v1/agent.proto",
     "envoy/config/core/v3/base.proto",
     "envoy/type/v3/ratelimit_unit.proto",
     "envoy/extensions/common/ratelimit/v3/ratelimit.proto",

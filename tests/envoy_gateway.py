@@ -137,9 +137,9 @@ def main():
 
         rls_port, http_port = free_port(), free_port()
         agent = spawn("agent", [
-            os.path.join(BIN, "allot-agent"), "--id", "gw-1", "--region", "eu-west",
+            os.path.join(BIN, "allot-agent"), "--agent-id", "gw-1", "--region", "eu-west",
             "--allocator", f"127.0.0.1:{alloc_port}", "--policies", policy_dir,
-            "--rls-listen", f"127.0.0.1:{rls_port}", "--http-listen", f"127.0.0.1:{http_port}",
+            "--grpc-listen", f"127.0.0.1:{rls_port}", "--http-listen", f"127.0.0.1:{http_port}",
         ])
         check("agent listens", wait_port(rls_port))
 

@@ -5,10 +5,15 @@
 //! network is a key's first allocation (cold), bounded by `cold_wait_ms` and counted.
 
 use crate::lease::{LeaseBook, LeaseSettings};
+use crate::slots::{SlotOutcome, Slots};
 use allot_common::clock::Clock;
+use allot_common::concurrency::Permit;
 use allot_common::config::ConfigSet;
-use allot_common::descriptor::{Request, RequestError};
-use allot_common::limiter::{DescriptorStatus, Limiter, Outcome, Snapshot};
+use allot_common::descriptor::{Request, RequestError, MAX_DESCRIPTORS};
+use allot_common::limiter::{Code, DescriptorStatus, Limiter, Outcome, Reason, Snapshot};
+use allot_common::units::{tokens_to_micros, Micros};
+use allot_common::RetryAfter;
+use arrayvec::ArrayVec;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,6 +23,7 @@ pub struct Enforcer {
     limiter: Limiter,
     book: Arc<LeaseBook>,
     clock: Arc<dyn Clock>,
+    slots: Slots,
 }
 
 impl std::fmt::Debug for Enforcer {
@@ -32,18 +38,28 @@ impl Enforcer {
         let clock = book.clock().clone();
         let limiter = Limiter::new(config, clock.now());
         book.apply(&limiter.snapshot());
+        let slots = Slots::default();
+        slots.apply(&limiter.snapshot());
         Enforcer {
             limiter,
             book,
             clock,
+            slots,
         }
     }
 
     /// Makes `config` current (seed §28); returns its version.
     pub fn apply(&self, config: ConfigSet) -> u64 {
         let v = self.limiter.apply(config, self.clock.now());
-        self.book.apply(&self.limiter.snapshot());
+        let snap = self.limiter.snapshot();
+        self.book.apply(&snap);
+        self.slots.apply(&snap);
         v
+    }
+
+    /// Concurrency slots of capped rules (`max_in_flight`).
+    pub fn slots(&self) -> &Slots {
+        &self.slots
     }
 
     /// The current config snapshot.
@@ -135,5 +151,74 @@ impl Enforcer {
             let _ = tokio::time::timeout_at(deadline, notified).await;
         }
         self.decide_now(req, statuses)
+    }
+
+    /// Decides `req` as [`decide`](Self::decide), then takes one concurrency slot per admitted
+    /// descriptor whose rule has `max_in_flight` (seed §25), into `permits` (cleared first;
+    /// dropping a permit frees its slot). All-or-nothing: when an enforced key has no free slot
+    /// the request is denied with [`Reason::ConcurrencyLimit`] on that descriptor, the slots
+    /// taken so far are freed and the rate cost just spent is refunded at once (exactly, for
+    /// local state at the same instant; a leased allocation gets back what is not reported yet).
+    /// A shadow-mode rule's full key only sets `shadow_over_limit`.
+    ///
+    /// The Retry-After of a concurrency denial is the lease settings' `retry_floor_ms`: when a
+    /// slot frees depends on other requests finishing, which the agent cannot foresee.
+    ///
+    /// # Errors
+    /// As [`decide_now`](Self::decide_now).
+    pub async fn decide_with_slots(
+        &self,
+        req: &Request<'_>,
+        statuses: &mut Vec<DescriptorStatus>,
+        permits: &mut Vec<Permit>,
+    ) -> Result<Outcome, RequestError> {
+        permits.clear();
+        let mut outcome = self.decide(req, statuses).await?;
+        if outcome.code != Code::Ok || !self.slots.any_capped(req.domain) {
+            return Ok(outcome);
+        }
+        let now = self.clock.now();
+        let mut full = None;
+        for (i, d) in req.descriptors.iter().enumerate() {
+            let Some(s) = statuses.get_mut(i) else { break };
+            let Some(ri) = s.rule_index else { continue };
+            match self.slots.acquire(req.domain, ri, d.entries) {
+                SlotOutcome::Uncapped => {}
+                SlotOutcome::Held(p) => permits.push(p),
+                SlotOutcome::Full { .. } if s.shadow_mode => s.shadow_over_limit = true,
+                SlotOutcome::Full { .. } => {
+                    full = Some(i);
+                    break;
+                }
+            }
+        }
+        let Some(denied) = full else {
+            return Ok(outcome);
+        };
+        permits.clear();
+        // Undo the rate spend of every descriptor that spent (allowed with a limit).
+        let mut unused: ArrayVec<Micros, MAX_DESCRIPTORS> = ArrayVec::new();
+        for (i, s) in statuses.iter_mut().enumerate() {
+            let spent = s.limit.is_some() && s.reason == Reason::WithinLimit;
+            let cost = if spent { req.cost_tokens(i) } else { 0 };
+            if cost > 0 {
+                // Report the unspent view, as for any denial.
+                let cap = s.limit.map_or(u64::MAX, |l| l.capacity);
+                s.remaining = s.remaining.saturating_add(cost).min(cap);
+            }
+            unused.push(tokens_to_micros(cost));
+        }
+        if unused.iter().any(|u| *u > 0) {
+            self.refund(req, &unused, now)?;
+        }
+        let wait = RetryAfter::After(self.settings().retry_floor_ns());
+        if let Some(s) = statuses.get_mut(denied) {
+            s.code = Code::OverLimit;
+            s.reason = Reason::ConcurrencyLimit;
+            s.retry_after = wait;
+        }
+        outcome.code = Code::OverLimit;
+        outcome.retry_after = wait;
+        Ok(outcome)
     }
 }

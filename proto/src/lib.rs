@@ -1,7 +1,8 @@
 //! Protocol buffer types and gRPC stubs for Allot, generated at build time by `tonic-prost-build`.
 //!
-//! - [`allot::v1`]: the allocator's public API ([`allot::v1::allocator_server::Allocator`]) and the
-//!   internal Raft transport ([`allot::v1::raft_service_server::RaftService`]).
+//! - [`allot::v1`]: the allocator's public API ([`allot::v1::allocator_server::Allocator`]), the
+//!   internal Raft transport ([`allot::v1::raft_service_server::RaftService`]) and the agent's
+//!   native gateway API ([`allot::v1::agent_server::Agent`]).
 //! - [`envoy`]: the subset of Envoy's data-plane API needed to serve Envoy's rate limit service v3
 //!   (`envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit`), with Envoy's package names,
 //!   message names and field numbers, so a stock Envoy can call an Allot agent.
@@ -12,10 +13,10 @@ pub use prost_types;
 
 /// Allot's own protocols.
 pub mod allot {
-    /// Version 1 of the allocator API and the Raft transport.
+    /// Version 1 of the allocator API, the Raft transport and the agent API.
     ///
-    /// Token quantities are microtokens (1 token = 1_000_000), times are Unix milliseconds (UTC)
-    /// and durations milliseconds.
+    /// In the allocator API token quantities are microtokens (1 token = 1_000_000), times are Unix milliseconds (UTC)
+    /// and durations milliseconds; the agent API counts whole tokens, as Envoy does.
     pub mod v1 {
         tonic::include_proto!("allot.v1");
     }

@@ -171,17 +171,16 @@ impl AgentProc {
         logs: &Path,
     ) -> Result<()> {
         let mut cmd = Command::new(bin.join("allot-agent"));
-        cmd.arg("--id")
+        cmd.arg("--agent-id")
             .arg(&self.id)
             .arg("--region")
             .arg(&self.region)
-            .arg("--rls-listen")
+            .arg("--grpc-listen")
             .arg(&self.rls)
             .arg("--http-listen")
             .arg(&self.http)
             .arg("--policies")
-            .arg(policies)
-            .args(["--report-interval-ms", "250"]);
+            .arg(policies);
         for a in allocators {
             cmd.arg("--allocator").arg(a);
         }

@@ -288,6 +288,12 @@ impl LeaseBook {
         if cost > capacity {
             return denied(v.remaining(now), RetryAfter::Never, false);
         }
+        // Whether the key was cold is read before its allocations: the Acquire that this very
+        // decision may start can finish (on another thread) before the check below, and a key
+        // answered in between would then be denied as warm-but-empty without waiting for the
+        // allocation that just landed. `answered` is stored after the allocation is installed,
+        // so seeing it true here also means the allocation is visible in the load below.
+        let cold = !v.answered.load(Ordering::Acquire);
         let allocs = v.allocations.load();
         if take {
             for a in allocs.iter() {
@@ -318,7 +324,6 @@ impl LeaseBook {
         if take {
             self.request_lease(&kl, now);
         }
-        let cold = !v.answered.load(Ordering::Acquire);
         if cold {
             self.counters.cold_misses.fetch_add(1, Ordering::Relaxed);
             return denied(

@@ -1,0 +1,455 @@
+//! HTTP (axum): `POST /v1/check` and the reservation calls, `GET /healthz`, `GET /v1/status`
+//! and `GET /metrics`.
+//!
+//! `POST /v1/check` takes `{"domain", "descriptors": [{"entries": [{"key", "value"}],
+//! "hits_addend"?}], "cost"?, "request_id"?}` and answers 200 with the decision as JSON, or 429
+//! with `Retry-After` (whole seconds), `Cache-Control: no-store` and
+//! `{"error":"rate_limit_exceeded","policy":"<rule name>-v<version>"}`; both carry the RateLimit
+//! headers. Malformed JSON or invalid input is 400 with `{"error":"invalid_argument",
+//! "message": "..."}` naming the problem; nothing is spent.
+
+use super::native::decision;
+use super::{
+    borrow_descriptors, borrow_entries, rate_limit_headers, request_cost, ApiError, Gateway,
+    Verdict, WireDescriptor, WireEntry,
+};
+use crate::inflight::InFlightError;
+use crate::metrics::allocations_held;
+use allot_common::descriptor::Request;
+use allot_common::units::{Micros, MICROS_PER_TOKEN, NANOS_PER_MILLI};
+use allot_proto::allot::v1 as pb;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{header, HeaderName, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// One descriptor entry of the JSON API.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JsonEntry {
+    /// Key.
+    pub key: String,
+    /// Value.
+    pub value: String,
+}
+
+/// One descriptor of the JSON API.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JsonDescriptor {
+    /// Entries, outermost first.
+    pub entries: Vec<JsonEntry>,
+    /// Its own cost, tokens.
+    #[serde(default)]
+    pub hits_addend: Option<u64>,
+}
+
+impl WireEntry for JsonEntry {
+    fn key(&self) -> &str {
+        &self.key
+    }
+    fn value(&self) -> &str {
+        &self.value
+    }
+}
+
+impl WireDescriptor for JsonDescriptor {
+    type Entry = JsonEntry;
+    fn entries(&self) -> &[JsonEntry] {
+        &self.entries
+    }
+    fn hits_addend(&self) -> Option<u64> {
+        self.hits_addend
+    }
+}
+
+/// Body of `POST /v1/check` and `POST /v1/reserve`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CheckBody {
+    /// Domain.
+    pub domain: String,
+    /// Descriptors.
+    pub descriptors: Vec<JsonDescriptor>,
+    /// Cost of descriptors without their own (tokens; absent or 0 means 1). For a reserve: the
+    /// maximum cost.
+    #[serde(default, alias = "max_cost")]
+    pub cost: Option<u64>,
+    /// Request id (holds concurrency slots; idempotency key of a reserve).
+    #[serde(default)]
+    pub request_id: Option<String>,
+    /// Reservation lifetime, ms (reserve only).
+    #[serde(default)]
+    pub ttl_ms: Option<u64>,
+}
+
+/// Body of `POST /v1/settle`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SettleBody {
+    /// The reservation.
+    pub reservation_id: String,
+    /// Actual cost, tokens.
+    pub actual_cost: u64,
+}
+
+/// Body of `POST /v1/done`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DoneBody {
+    /// The finished request.
+    pub request_id: String,
+}
+
+/// A per-descriptor decision as JSON.
+#[derive(Debug, Serialize)]
+pub struct JsonDescriptorDecision {
+    /// `OK` or `OVER_LIMIT`.
+    pub code: &'static str,
+    /// e.g. `within_limit`, `over_limit`, `concurrency_limit`.
+    pub reason: String,
+    /// Rule name.
+    pub policy: String,
+    /// Whole tokens left.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub remaining: Option<u64>,
+    /// Requests per unit.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub requests_per_unit: Option<u64>,
+    /// Unit.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unit: Option<String>,
+    /// Until fully reset, ms.
+    pub reset_after_ms: u64,
+    /// A shadow rule would have denied.
+    pub shadow_over_limit: bool,
+    /// The key's concurrency cap.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_in_flight: Option<u64>,
+}
+
+/// A decision as JSON (the native `Decision`).
+#[derive(Debug, Serialize)]
+pub struct JsonDecision {
+    /// `OK` or `OVER_LIMIT`.
+    pub code: &'static str,
+    /// Reason of the deciding descriptor.
+    pub reason: String,
+    /// Deciding rule's name.
+    pub policy: String,
+    /// Config version.
+    pub policy_version: u64,
+    /// Per descriptor.
+    pub descriptors: Vec<JsonDescriptorDecision>,
+    /// On OVER_LIMIT, ms.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retry_after_ms: Option<u64>,
+    /// Until the deciding limit resets, ms.
+    pub reset_after_ms: u64,
+    /// Whole tokens left of the deciding limit.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub remaining: Option<u64>,
+}
+
+fn code_name(c: i32) -> &'static str {
+    if c == pb::DecisionCode::OverLimit as i32 {
+        "OVER_LIMIT"
+    } else {
+        "OK"
+    }
+}
+
+fn reason_name(r: i32) -> String {
+    pb::DecisionReason::try_from(r)
+        .unwrap_or(pb::DecisionReason::Unspecified)
+        .as_str_name()
+        .trim_start_matches("DECISION_REASON_")
+        .to_ascii_lowercase()
+}
+
+/// The JSON form of a verdict.
+pub fn json_decision(v: &Verdict) -> JsonDecision {
+    let d = decision(v);
+    JsonDecision {
+        code: code_name(d.code),
+        reason: reason_name(d.reason),
+        policy: d.policy,
+        policy_version: d.policy_version,
+        descriptors: d
+            .descriptors
+            .into_iter()
+            .map(|x| JsonDescriptorDecision {
+                code: code_name(x.code),
+                reason: reason_name(x.reason),
+                policy: x.policy,
+                remaining: x.remaining,
+                requests_per_unit: x.remaining.map(|_| x.requests_per_unit),
+                unit: x.remaining.map(|_| x.unit),
+                reset_after_ms: x.reset_after_ms,
+                shadow_over_limit: x.shadow_over_limit,
+                max_in_flight: x.max_in_flight,
+            })
+            .collect(),
+        retry_after_ms: d.retry_after_ms,
+        reset_after_ms: d.reset_after_ms,
+        remaining: d.remaining,
+    }
+}
+
+/// An error answer: status code and `{"error", "message"}`.
+fn error_response(e: &ApiError) -> Response {
+    let (status, kind) = match e {
+        _ if e.is_invalid_argument() => (StatusCode::BAD_REQUEST, "invalid_argument"),
+        ApiError::InFlight(InFlightError::NotFound(_)) => (StatusCode::NOT_FOUND, "not_found"),
+        ApiError::InFlight(InFlightError::Expired(_)) => (StatusCode::GONE, "expired"),
+        ApiError::InFlight(InFlightError::InProgress(_)) => (StatusCode::CONFLICT, "in_progress"),
+        ApiError::InFlight(InFlightError::TooMany { .. }) => {
+            (StatusCode::SERVICE_UNAVAILABLE, "too_many_in_flight")
+        }
+        _ => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+    };
+    (
+        status,
+        Json(json!({"error": kind, "message": e.to_string()})),
+    )
+        .into_response()
+}
+
+// The error is the finished 400 response, returned at once: boxing it would buy nothing.
+#[allow(clippy::result_large_err)]
+fn parse<T: serde::de::DeserializeOwned>(g: &Gateway, body: &[u8]) -> Result<T, Response> {
+    serde_json::from_slice(body).map_err(|e| {
+        g.count_invalid();
+        error_response(&ApiError::Malformed(format!("malformed JSON body: {e}")))
+    })
+}
+
+/// The RateLimit headers (and on a denial `Retry-After` and `Cache-Control: no-store`).
+fn with_headers(mut resp: Response, v: &Verdict) -> Response {
+    let h = resp.headers_mut();
+    for (k, val) in rate_limit_headers(v) {
+        if let (Ok(k), Ok(val)) = (
+            HeaderName::from_bytes(k.as_bytes()),
+            HeaderValue::from_str(&val),
+        ) {
+            h.insert(k, val);
+        }
+    }
+    if !v.is_ok() {
+        h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    }
+    resp
+}
+
+/// 200 with the decision, or 429 with the rate-limit body.
+fn decided(v: &Verdict, extra: Option<Value>) -> Response {
+    let resp = if v.is_ok() {
+        let mut body = serde_json::to_value(json_decision(v)).unwrap_or(Value::Null);
+        if let (Some(Value::Object(extra)), Value::Object(b)) = (extra, &mut body) {
+            b.extend(extra);
+        }
+        (StatusCode::OK, Json(body)).into_response()
+    } else {
+        (
+            StatusCode::TOO_MANY_REQUESTS,
+            Json(json!({"error": "rate_limit_exceeded", "policy": v.policy_label()})),
+        )
+            .into_response()
+    };
+    with_headers(resp, v)
+}
+
+async fn check(State(g): State<Arc<Gateway>>, body: Bytes) -> Response {
+    let b: CheckBody = match parse(&g, &body) {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let read = request_cost("cost", b.cost.unwrap_or(0))
+        .and_then(|hits| Ok((hits, borrow_entries(&b.descriptors)?)));
+    let (hits, entries) = match read {
+        Ok(x) => x,
+        Err(e) => {
+            g.count_invalid();
+            return error_response(&e);
+        }
+    };
+    let descriptors = borrow_descriptors(&b.descriptors, &entries);
+    let req = Request {
+        domain: &b.domain,
+        descriptors: &descriptors,
+        hits_addend: hits,
+    };
+    match g.check(&req, b.request_id.as_deref()).await {
+        Ok(v) => decided(&v, None),
+        Err(e) => error_response(&e),
+    }
+}
+
+async fn reserve(State(g): State<Arc<Gateway>>, body: Bytes) -> Response {
+    let b: CheckBody = match parse(&g, &body) {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let read = request_cost("max_cost", b.cost.unwrap_or(0))
+        .and_then(|hits| Ok((hits, borrow_entries(&b.descriptors)?)));
+    let (hits, entries) = match read {
+        Ok(x) => x,
+        Err(e) => {
+            g.count_invalid();
+            return error_response(&e);
+        }
+    };
+    let descriptors = borrow_descriptors(&b.descriptors, &entries);
+    let req = Request {
+        domain: &b.domain,
+        descriptors: &descriptors,
+        hits_addend: hits,
+    };
+    match g
+        .reserve(&req, b.request_id.as_deref(), b.ttl_ms.unwrap_or(0))
+        .await
+    {
+        Ok(res) => decided(
+            &res.verdict,
+            Some(json!({
+                "reservation_id": res.reservation_id,
+                "expires_in_ms": res.expires_in / NANOS_PER_MILLI,
+            })),
+        ),
+        Err(e) => error_response(&e),
+    }
+}
+
+async fn settle(State(g): State<Arc<Gateway>>, body: Bytes) -> Response {
+    let b: SettleBody = match parse(&g, &body) {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    match g.settle(&b.reservation_id, b.actual_cost) {
+        Ok(s) => Json(json!({
+            "refunded": s.refunded,
+            "actual_cost": s.actual_cost,
+            "already_settled": s.already_settled,
+        }))
+        .into_response(),
+        Err(e) => error_response(&e),
+    }
+}
+
+async fn done(State(g): State<Arc<Gateway>>, body: Bytes) -> Response {
+    let b: DoneBody = match parse(&g, &body) {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    Json(json!({"released_slots": g.done(&b.request_id)})).into_response()
+}
+
+async fn healthz() -> Response {
+    Json(json!({"status": "ok"})).into_response()
+}
+
+fn tokens(m: Micros) -> f64 {
+    m as f64 / MICROS_PER_TOKEN as f64
+}
+
+/// The `/v1/status` document: allocations held per key (microtokens), the overshoot bound,
+/// whether the allocator is reachable, concurrency slots in use, tracked requests.
+pub fn status(g: &Gateway) -> Value {
+    let e = g.enforcer();
+    let book = e.book();
+    let now = e.clock().now();
+    let mut keys = Vec::new();
+    for t in book.tables() {
+        for k in t.snapshot() {
+            let v = &k.value;
+            let allocations: Vec<Value> = v
+                .allocations
+                .load()
+                .iter()
+                .map(|a| {
+                    json!({
+                        "id": a.id,
+                        "epoch": a.epoch,
+                        "granted_micros": a.granted,
+                        "spent_micros": a.spent(),
+                        "reported_micros": a.reported(),
+                        "deadline_in_ms": a.deadline.saturating_sub(now) / NANOS_PER_MILLI,
+                        "expired": a.is_expired(now),
+                        "expires_at_unix_ms": a.expires_at_unix_ms,
+                        "policy_version": a.policy_version,
+                    })
+                })
+                .collect();
+            keys.push(json!({
+                "domain": v.domain,
+                "entries": v.entries.iter().map(|(k, val)| json!({"key": k, "value": val})).collect::<Vec<_>>(),
+                "policy": v.rule_name,
+                "allocations": allocations,
+                "remaining_micros": v.remaining(now),
+                "emergency_admitted_micros": v.emergency_admitted.load(Ordering::Relaxed),
+            }));
+        }
+    }
+    let bound = book.overshoot_bound();
+    let c = &book.counters;
+    json!({
+        "agent_id": e.settings().agent_id,
+        "region": e.settings().region,
+        "policy_version": e.snapshot().version,
+        "allocator_reachable": book.is_reachable(),
+        "overshoot_bound_micros": bound,
+        "overshoot_bound_tokens": tokens(bound),
+        "allocations_held": allocations_held(book),
+        "keys": keys,
+        "concurrency": e.slots().usage().into_iter().map(|(policy, keys, in_flight)| json!({
+            "policy": policy, "keys": keys, "in_flight": in_flight,
+        })).collect::<Vec<_>>(),
+        "tracked_requests": g.tracked(),
+        "counters": {
+            "cold_waits": c.cold_waits.load(Ordering::Relaxed),
+            "acquires": c.acquires.load(Ordering::Relaxed),
+            "reports": c.reports.load(Ordering::Relaxed),
+            "releases": c.releases.load(Ordering::Relaxed),
+            "rpc_errors": c.rpc_errors.load(Ordering::Relaxed),
+            "emergency_admits": c.emergency_admits.load(Ordering::Relaxed),
+            "failure_denials": c.failure_denials.load(Ordering::Relaxed),
+        },
+    })
+}
+
+async fn status_page(State(g): State<Arc<Gateway>>) -> Response {
+    Json(status(&g)).into_response()
+}
+
+async fn metrics(State(g): State<Arc<Gateway>>) -> Response {
+    match g.metrics().encode() {
+        Ok(text) => (
+            [(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+            )],
+            text,
+        )
+            .into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+    }
+}
+
+/// The HTTP routes over `gateway`.
+pub fn router(gateway: Arc<Gateway>) -> Router {
+    Router::new()
+        .route("/v1/check", post(check))
+        .route("/v1/reserve", post(reserve))
+        .route("/v1/settle", post(settle))
+        .route("/v1/done", post(done))
+        .route("/v1/status", get(status_page))
+        .route("/healthz", get(healthz))
+        .route("/metrics", get(metrics))
+        .with_state(gateway)
+}

@@ -1,0 +1,175 @@
+//! Envoy's rate limit service v3 (`envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit`),
+//! wire-compatible with Envoy's HTTP and network rate-limit filters.
+//!
+//! Translation only: the request is borrowed into the decision core's form (no string copied)
+//! and decided by the [`Gateway`]; the answer carries one status per descriptor
+//! (`current_limit`, `limit_remaining`, `duration_until_reset`), the overall code, the RateLimit
+//! headers of the most restrictive descriptor and `retry-after` on OVER_LIMIT.
+//!
+//! Invalid input (empty or oversized descriptors, unknown domain, a cost beyond `u32` or beyond
+//! the limit's capacity, `is_negative_hits`) is INVALID_ARGUMENT with a message naming the
+//! problem; nothing is spent. A descriptor's `limit` override is ignored: the configured limit
+//! always applies (an override from the data plane would let any client raise its own limit).
+
+use super::{
+    borrow_descriptors, borrow_entries, rate_limit_headers, request_cost, rule_limit, ApiError,
+    Gateway, Verdict, WireDescriptor, WireEntry,
+};
+use allot_common::config::Unit;
+use allot_common::descriptor::Request;
+use allot_common::limiter::Code;
+use allot_common::units::NANOS_PER_SEC;
+use allot_proto::envoy::config::core::v3::HeaderValue;
+use allot_proto::envoy::extensions::common::ratelimit::v3::{
+    rate_limit_descriptor, RateLimitDescriptor,
+};
+use allot_proto::envoy::service::ratelimit::v3::rate_limit_response::{
+    self, rate_limit::Unit as PbUnit, DescriptorStatus as PbStatus, RateLimit as PbLimit,
+};
+use allot_proto::envoy::service::ratelimit::v3::rate_limit_service_server::{
+    RateLimitService, RateLimitServiceServer,
+};
+use allot_proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use allot_proto::prost_types::Duration as PbDuration;
+use std::sync::Arc;
+use tonic::{Request as TonicRequest, Response, Status};
+
+impl WireEntry for rate_limit_descriptor::Entry {
+    fn key(&self) -> &str {
+        &self.key
+    }
+    fn value(&self) -> &str {
+        &self.value
+    }
+}
+
+impl WireDescriptor for RateLimitDescriptor {
+    type Entry = rate_limit_descriptor::Entry;
+    fn entries(&self) -> &[Self::Entry] {
+        &self.entries
+    }
+    fn hits_addend(&self) -> Option<u64> {
+        self.hits_addend
+    }
+}
+
+/// The RLS service over a [`Gateway`].
+#[derive(Debug, Clone)]
+pub struct RlsService {
+    gateway: Arc<Gateway>,
+}
+
+impl RlsService {
+    /// A service deciding with `gateway`.
+    pub fn new(gateway: Arc<Gateway>) -> Self {
+        RlsService { gateway }
+    }
+
+    /// The tonic server for this service.
+    pub fn into_server(self) -> RateLimitServiceServer<Self> {
+        RateLimitServiceServer::new(self)
+    }
+
+    /// Decides one request and translates the answer.
+    ///
+    /// # Errors
+    /// [`ApiError`] for invalid input (nothing spent).
+    pub async fn decide(&self, r: &RateLimitRequest) -> Result<RateLimitResponse, ApiError> {
+        if let Some(i) = r.descriptors.iter().position(|d| d.is_negative_hits) {
+            self.gateway.count_invalid();
+            return Err(ApiError::Malformed(format!(
+                "descriptors[{i}].is_negative_hits is not supported: hits are only ever spent"
+            )));
+        }
+        let hits = request_cost("hits_addend", u64::from(r.hits_addend))
+            .inspect_err(|_| self.gateway.count_invalid())?;
+        let entries =
+            borrow_entries(&r.descriptors).inspect_err(|_| self.gateway.count_invalid())?;
+        let descriptors = borrow_descriptors(&r.descriptors, &entries);
+        let req = Request {
+            domain: &r.domain,
+            descriptors: &descriptors,
+            hits_addend: hits,
+        };
+        let v = self.gateway.check(&req, None).await?;
+        Ok(response(&v))
+    }
+}
+
+/// Envoy's unit for a configured unit.
+fn unit(u: Unit) -> PbUnit {
+    match u {
+        Unit::Second => PbUnit::Second,
+        Unit::Minute => PbUnit::Minute,
+        Unit::Hour => PbUnit::Hour,
+        Unit::Day => PbUnit::Day,
+    }
+}
+
+fn code(c: Code) -> rate_limit_response::Code {
+    match c {
+        Code::Ok => rate_limit_response::Code::Ok,
+        Code::OverLimit => rate_limit_response::Code::OverLimit,
+    }
+}
+
+/// Nanoseconds as a protobuf Duration (exact).
+fn duration(ns: u64) -> PbDuration {
+    PbDuration {
+        seconds: i64::try_from(ns / NANOS_PER_SEC).unwrap_or(i64::MAX),
+        nanos: (ns % NANOS_PER_SEC) as i32,
+    }
+}
+
+/// Translates a verdict into Envoy's response.
+pub fn response(v: &Verdict) -> RateLimitResponse {
+    let statuses = v
+        .statuses
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let limit = s.limit.and(v.rule(i)).and_then(|r| {
+                let (rpu, u, _) = rule_limit(r)?;
+                Some(PbLimit {
+                    name: r.name.clone(),
+                    requests_per_unit: u32::try_from(rpu).unwrap_or(u32::MAX),
+                    unit: unit(u) as i32,
+                })
+            });
+            PbStatus {
+                code: code(s.code) as i32,
+                limit_remaining: if limit.is_some() {
+                    u32::try_from(s.remaining).unwrap_or(u32::MAX)
+                } else {
+                    0
+                },
+                duration_until_reset: limit.as_ref().map(|_| duration(s.reset_after)),
+                current_limit: limit,
+                quota: None,
+            }
+        })
+        .collect();
+    RateLimitResponse {
+        overall_code: code(v.outcome.code) as i32,
+        statuses,
+        response_headers_to_add: rate_limit_headers(v)
+            .into_iter()
+            .map(|(k, val)| HeaderValue {
+                key: k.to_string(),
+                value: val,
+                raw_value: Vec::new(),
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+#[tonic::async_trait]
+impl RateLimitService for RlsService {
+    async fn should_rate_limit(
+        &self,
+        request: TonicRequest<RateLimitRequest>,
+    ) -> Result<Response<RateLimitResponse>, Status> {
+        Ok(Response::new(self.decide(request.get_ref()).await?))
+    }
+}

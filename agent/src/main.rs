@@ -1,0 +1,159 @@
+//! `allot-agent`: the gateway sidecar. Serves Envoy's rate limit service v3 and the native
+//! `allot.v1.Agent` gRPC service on one port and the HTTP API on another, deciding locally from
+//! allocations leased from the allocator. SIGINT or SIGTERM stops it gracefully: the servers stop
+//! accepting, and every allocation is released with its final spend before the process exits.
+
+use allot_agent::server::{serve_grpc, serve_http, Agent, AgentFile};
+use allot_common::clock::MonotonicClock;
+use allot_common::config::ConfigSet;
+use anyhow::{bail, Context, Result};
+use clap::Parser;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+/// Command line; every flag overrides the settings file.
+#[derive(Debug, Parser)]
+#[command(name = "allot-agent", version, about = "Allot gateway agent")]
+struct Cli {
+    /// Settings file (YAML): agent_id, region, allocators, listen, policies, lease, gateway.
+    #[arg(long, short = 'c')]
+    config: Option<PathBuf>,
+    /// This agent's id (default: the host name, else "agent").
+    #[arg(long)]
+    agent_id: Option<String>,
+    /// Region the agent runs in (default "default").
+    #[arg(long)]
+    region: Option<String>,
+    /// Allocator node `host:port`; repeat for each node.
+    #[arg(long = "allocator")]
+    allocators: Vec<String>,
+    /// gRPC listen address for RLS and the native API (default 127.0.0.1:8081).
+    #[arg(long)]
+    grpc_listen: Option<String>,
+    /// HTTP listen address (default 127.0.0.1:8080).
+    #[arg(long)]
+    http_listen: Option<String>,
+    /// Policy YAML file or folder.
+    #[arg(long)]
+    policies: Option<PathBuf>,
+}
+
+fn main() -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+    let cli = Cli::parse();
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?
+        .block_on(run(cli))
+}
+
+async fn run(cli: Cli) -> Result<()> {
+    let file = match &cli.config {
+        Some(p) => AgentFile::load(p)?,
+        None => AgentFile::default(),
+    };
+    let agent_id = cli
+        .agent_id
+        .or(file.agent_id.clone())
+        .or_else(|| std::env::var("HOSTNAME").ok().filter(|h| !h.is_empty()))
+        .unwrap_or_else(|| "agent".to_string());
+    let region = cli
+        .region
+        .or(file.region.clone())
+        .unwrap_or_else(|| "default".to_string());
+    let allocators = if cli.allocators.is_empty() {
+        file.allocators.clone()
+    } else {
+        cli.allocators
+    };
+    let Some(policy_path) = cli.policies.or(file.policies.clone()) else {
+        bail!(
+            "no policies given: pass --policies FILE_OR_DIR or set `policies` in the settings file"
+        );
+    };
+    let policies = ConfigSet::load(&policy_path)
+        .with_context(|| format!("loading policies from {}", policy_path.display()))?;
+    let grpc_addr = cli
+        .grpc_listen
+        .or(file.listen.grpc.clone())
+        .unwrap_or_else(|| "127.0.0.1:8081".to_string());
+    let http_addr = cli
+        .http_listen
+        .or(file.listen.http.clone())
+        .unwrap_or_else(|| "127.0.0.1:8080".to_string());
+
+    let lease = file.lease_settings(&agent_id, &region);
+    let mut agent = Agent::build(
+        policies,
+        lease,
+        file.gateway_settings(),
+        &allocators,
+        Arc::new(MonotonicClock::new()),
+    )?;
+    let grpc = TcpListener::bind(&grpc_addr)
+        .await
+        .with_context(|| format!("cannot listen on {grpc_addr} (gRPC)"))?;
+    let http = TcpListener::bind(&http_addr)
+        .await
+        .with_context(|| format!("cannot listen on {http_addr} (HTTP)"))?;
+    tracing::info!(
+        agent_id,
+        region,
+        grpc = %grpc.local_addr()?,
+        http = %http.local_addr()?,
+        allocators = ?allocators,
+        policies = %policy_path.display(),
+        "allot-agent listening"
+    );
+
+    let (stop, shutdown) = watch::channel(false);
+    let background = agent.spawn_background(shutdown.clone());
+    let grpc_task = tokio::spawn(serve_grpc(grpc, agent.gateway.clone(), shutdown.clone()));
+    let http_task = tokio::spawn(serve_http(http, agent.gateway.clone(), shutdown.clone()));
+
+    wait_for_signal().await?;
+    tracing::info!("shutting down: releasing allocations");
+    let _ = stop.send(true);
+    // Allocations are released before exit; bounded so a dead allocator cannot hold us forever
+    // (the allocator expires what is not released anyway).
+    if tokio::time::timeout(Duration::from_secs(10), background)
+        .await
+        .is_err()
+    {
+        tracing::warn!("releasing allocations timed out; the allocator will expire them");
+    }
+    match tokio::time::timeout(Duration::from_secs(5), grpc_task).await {
+        Ok(Ok(Err(e))) => tracing::warn!(error = %e, "gRPC server stopped with an error"),
+        Err(_) => tracing::warn!("gRPC server did not stop in time"),
+        _ => {}
+    }
+    match tokio::time::timeout(Duration::from_secs(5), http_task).await {
+        Ok(Ok(Err(e))) => tracing::warn!(error = %e, "HTTP server stopped with an error"),
+        Err(_) => tracing::warn!("HTTP server did not stop in time"),
+        _ => {}
+    }
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// Resolves on SIGINT or SIGTERM.
+async fn wait_for_signal() -> Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).context("cannot watch SIGTERM")?;
+    let mut int = signal(SignalKind::interrupt()).context("cannot watch SIGINT")?;
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+    Ok(())
+}

@@ -1,0 +1,300 @@
+//! The agent's metrics, exported in the Prometheus text format through OpenTelemetry.
+//!
+//! The decision path only bumps atomics (per policy, found by rule index) and records one
+//! histogram sample without attributes; OpenTelemetry's observable instruments read the atomics
+//! when `/metrics` is scraped. Labels are bounded: policy names come from the config, RPC kinds
+//! and codes are fixed sets — never a descriptor value.
+
+use crate::lease::LeaseBook;
+use allot_common::limiter::{Code, DescriptorStatus, Outcome, Snapshot};
+use allot_common::units::MICROS_PER_TOKEN;
+use arc_swap::ArcSwap;
+use opentelemetry::metrics::{Histogram, MeterProvider};
+use opentelemetry::KeyValue;
+use opentelemetry_sdk::metrics::SdkMeterProvider;
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// Why the metrics could not be set up or encoded.
+#[derive(Debug, thiserror::Error)]
+pub enum MetricsError {
+    /// The Prometheus exporter could not be built.
+    #[error("cannot build the Prometheus exporter: {0}")]
+    Exporter(String),
+    /// The text encoding failed.
+    #[error("cannot encode metrics: {0}")]
+    Encode(String),
+}
+
+/// Decision counters of one policy (rule name).
+#[derive(Debug, Default)]
+pub struct PolicyCounters {
+    /// Requests admitted with this policy applying.
+    pub allowed: AtomicU64,
+    /// Requests denied by this policy.
+    pub denied: AtomicU64,
+    /// Would-be denials of this policy in shadow mode (answered OK).
+    pub shadow_denied: AtomicU64,
+}
+
+/// Counters of the adapters, by outcome.
+#[derive(Debug, Default)]
+pub struct RequestCounters {
+    /// Requests answered OK.
+    pub ok: AtomicU64,
+    /// Requests answered OVER_LIMIT.
+    pub over_limit: AtomicU64,
+    /// Requests refused as invalid (nothing spent).
+    pub invalid: AtomicU64,
+}
+
+type ByRule = HashMap<String, Vec<Option<Arc<PolicyCounters>>>>;
+
+/// The agent's metrics.
+pub struct Metrics {
+    registry: prometheus::Registry,
+    /// Kept alive: dropping the provider stops collection.
+    _provider: SdkMeterProvider,
+    latency: Histogram<f64>,
+    by_rule: ArcSwap<ByRule>,
+    by_name: Arc<Mutex<HashMap<String, Arc<PolicyCounters>>>>,
+    /// Requests by outcome.
+    pub requests: Arc<RequestCounters>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+/// Decision latency buckets, seconds: 1 µs to 1 s (a cold wait is bounded by `cold_wait_ms`).
+const LATENCY_BUCKETS: &[f64] = &[
+    1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 1e-2, 5e-2, 0.1,
+    0.25, 1.0,
+];
+
+impl Metrics {
+    /// Metrics reading the lease counters of `book`, with a fresh Prometheus registry.
+    ///
+    /// # Errors
+    /// [`MetricsError::Exporter`] when the exporter cannot be registered.
+    pub fn new(book: Arc<LeaseBook>) -> Result<Self, MetricsError> {
+        let registry = prometheus::Registry::new();
+        let exporter = opentelemetry_prometheus::exporter()
+            .with_registry(registry.clone())
+            .without_target_info()
+            .scope_info_enabled(false)
+            .build()
+            .map_err(|e| MetricsError::Exporter(e.to_string()))?;
+        let provider = SdkMeterProvider::builder().with_reader(exporter).build();
+        let meter = provider.meter("allot-agent");
+        let by_name: Arc<Mutex<HashMap<String, Arc<PolicyCounters>>>> = Arc::default();
+        let requests = Arc::new(RequestCounters::default());
+
+        let names = by_name.clone();
+        meter
+            .u64_observable_counter("allot_agent_policy_decisions")
+            .with_description(
+                "Decisions per policy (rule name): allowed, denied, or shadow_denied (a shadow-mode \
+                 rule would have denied)",
+            )
+            .with_callback(move |o| {
+                for (name, c) in names.lock().iter() {
+                    for (outcome, v) in [
+                        ("allowed", &c.allowed),
+                        ("denied", &c.denied),
+                        ("shadow_denied", &c.shadow_denied),
+                    ] {
+                        o.observe(
+                            v.load(Ordering::Relaxed),
+                            &[
+                                KeyValue::new("policy", name.clone()),
+                                KeyValue::new("outcome", outcome),
+                            ],
+                        );
+                    }
+                }
+            })
+            .build();
+        let req = requests.clone();
+        meter
+            .u64_observable_counter("allot_agent_requests")
+            .with_description("Requests answered, by code: ok, over_limit, invalid (nothing spent)")
+            .with_callback(move |o| {
+                for (code, v) in [
+                    ("ok", &req.ok),
+                    ("over_limit", &req.over_limit),
+                    ("invalid", &req.invalid),
+                ] {
+                    o.observe(v.load(Ordering::Relaxed), &[KeyValue::new("code", code)]);
+                }
+            })
+            .build();
+        let b = book.clone();
+        meter
+            .u64_observable_counter("allot_agent_cold_waits")
+            .with_description("Decisions that waited for a cold key's first allocation")
+            .with_callback(move |o| o.observe(b.counters.cold_waits.load(Ordering::Relaxed), &[]))
+            .build();
+        let b = book.clone();
+        meter
+            .u64_observable_counter("allot_agent_allocator_rpcs")
+            .with_description("Allocator RPCs sent, by kind")
+            .with_callback(move |o| {
+                let c = &b.counters;
+                for (kind, v) in [
+                    ("acquire", &c.acquires),
+                    ("report", &c.reports),
+                    ("release", &c.releases),
+                ] {
+                    o.observe(v.load(Ordering::Relaxed), &[KeyValue::new("kind", kind)]);
+                }
+            })
+            .build();
+        let b = book.clone();
+        meter
+            .u64_observable_counter("allot_agent_allocator_rpc_errors")
+            .with_description("Allocator RPCs that failed (timeout, unavailable)")
+            .with_callback(move |o| o.observe(b.counters.rpc_errors.load(Ordering::Relaxed), &[]))
+            .build();
+        let b = book.clone();
+        meter
+            .u64_observable_counter("allot_agent_emergency_admits")
+            .with_description(
+                "Decisions admitted from an emergency bucket while the allocator was unreachable",
+            )
+            .with_callback(move |o| {
+                o.observe(b.counters.emergency_admits.load(Ordering::Relaxed), &[])
+            })
+            .build();
+        let b = book.clone();
+        meter
+            .u64_observable_counter("allot_agent_failure_denials")
+            .with_description(
+                "Decisions denied because the allocator was unreachable (failure mode deny)",
+            )
+            .with_callback(move |o| {
+                o.observe(b.counters.failure_denials.load(Ordering::Relaxed), &[])
+            })
+            .build();
+        let b = book.clone();
+        meter
+            .f64_observable_gauge("allot_agent_overshoot_bound_tokens")
+            .with_description(
+                "Most this agent can have admitted beyond what the allocator knows: \
+                 Σ(granted − reported) over held allocations plus emergency admissions, tokens",
+            )
+            .with_callback(move |o| {
+                o.observe(b.overshoot_bound() as f64 / MICROS_PER_TOKEN as f64, &[])
+            })
+            .build();
+        let b = book.clone();
+        meter
+            .u64_observable_gauge("allot_agent_allocations_held")
+            .with_description("Allocations this agent holds now")
+            .with_callback(move |o| o.observe(allocations_held(&b), &[]))
+            .build();
+        let b = book;
+        meter
+            .u64_observable_gauge("allot_agent_allocator_reachable")
+            .with_description("1 when the last allocator call succeeded, else 0")
+            .with_callback(move |o| o.observe(u64::from(b.is_reachable()), &[]))
+            .build();
+        let latency = meter
+            .f64_histogram("allot_agent_decision_latency")
+            .with_unit("s")
+            .with_description("Time to decide one request (adapters excluded), seconds")
+            .with_boundaries(LATENCY_BUCKETS.to_vec())
+            .build();
+        Ok(Metrics {
+            registry,
+            _provider: provider,
+            latency,
+            by_rule: ArcSwap::from_pointee(HashMap::new()),
+            by_name,
+            requests,
+        })
+    }
+
+    /// Maps the rules of `snap` to their policy counters (by name; counters of a name persist
+    /// across config versions, so they stay monotonic).
+    pub fn apply(&self, snap: &Snapshot) {
+        let mut names = self.by_name.lock();
+        let mut by_rule: ByRule = HashMap::new();
+        for d in snap.domains() {
+            let v = d
+                .config
+                .rules
+                .iter()
+                .map(|r| Some(names.entry(r.name.clone()).or_default().clone()))
+                .collect();
+            by_rule.insert(d.config.domain.clone(), v);
+        }
+        self.by_rule.store(Arc::new(by_rule));
+    }
+
+    /// Counts one decision of `domain` and its latency in seconds.
+    pub fn record(
+        &self,
+        domain: &str,
+        outcome: &Outcome,
+        statuses: &[DescriptorStatus],
+        seconds: f64,
+    ) {
+        self.latency.record(seconds, &[]);
+        let ok = outcome.code == Code::Ok;
+        let c = if ok {
+            &self.requests.ok
+        } else {
+            &self.requests.over_limit
+        };
+        c.fetch_add(1, Ordering::Relaxed);
+        let by_rule = self.by_rule.load();
+        let Some(rules) = by_rule.get(domain) else {
+            return;
+        };
+        for s in statuses {
+            let Some(Some(pc)) = s.rule_index.and_then(|ri| rules.get(ri as usize)) else {
+                continue;
+            };
+            if s.shadow_over_limit {
+                pc.shadow_denied.fetch_add(1, Ordering::Relaxed);
+            }
+            if ok {
+                pc.allowed.fetch_add(1, Ordering::Relaxed);
+            } else if s.code == Code::OverLimit {
+                pc.denied.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Counts a request refused as invalid.
+    pub fn invalid(&self) {
+        self.requests.invalid.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Every metric in the Prometheus text format.
+    ///
+    /// # Errors
+    /// [`MetricsError::Encode`] when encoding fails.
+    pub fn encode(&self) -> Result<String, MetricsError> {
+        use prometheus::Encoder;
+        let mut out = Vec::new();
+        prometheus::TextEncoder::new()
+            .encode(&self.registry.gather(), &mut out)
+            .map_err(|e| MetricsError::Encode(e.to_string()))?;
+        String::from_utf8(out).map_err(|e| MetricsError::Encode(e.to_string()))
+    }
+}
+
+/// Allocations held across every key.
+pub fn allocations_held(book: &LeaseBook) -> u64 {
+    let mut n = 0u64;
+    for t in book.tables() {
+        t.for_each(|k| n += k.value.allocations.load().len() as u64);
+    }
+    n
+}

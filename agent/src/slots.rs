@@ -1,0 +1,232 @@
+//! Concurrency slots (seed §25): for rules with `max_in_flight`, one
+//! [`ConcurrencyLimiter`] per key. An admitted request takes one slot per capped descriptor and
+//! holds it until the gateway says the request is done (or the agent forgets it).
+//!
+//! Slot acquisition is lock-free (one compare-and-swap); looking a key up takes one shard's read
+//! lock just long enough to clone an `Arc`, like the decision core's key tables.
+
+use allot_common::concurrency::{ConcurrencyError, ConcurrencyLimiter, Permit};
+use allot_common::config::Rule;
+use allot_common::descriptor::Entry;
+use allot_common::keyed::ShardedTable;
+use allot_common::limiter::Snapshot;
+use arc_swap::ArcSwap;
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// Limiters of one capped rule, by key.
+#[derive(Debug)]
+pub struct RuleSlots {
+    /// The rule's `max_in_flight`.
+    pub max: u64,
+    /// Most distinct keys held at once (the rule's `max_keys`).
+    pub max_keys: u64,
+    /// Rule name, for status pages.
+    pub rule_name: String,
+    /// Per-key limiters.
+    pub table: ShardedTable<Arc<ConcurrencyLimiter>>,
+}
+
+/// Per domain, per rule index: the rule's slots, `None` for rules without `max_in_flight`.
+type Tables = HashMap<String, Vec<Option<Arc<RuleSlots>>>>;
+
+/// What [`Slots::acquire`] found.
+#[derive(Debug)]
+pub enum SlotOutcome {
+    /// The rule has no concurrency cap.
+    Uncapped,
+    /// A slot was taken; dropping the permit frees it.
+    Held(Permit),
+    /// Every slot is taken (or the rule's key table is full): the cap that applied.
+    Full {
+        /// The key's cap.
+        max: u64,
+    },
+}
+
+/// Concurrency limiters of every capped rule of the current config.
+#[derive(Debug, Default)]
+pub struct Slots {
+    tables: ArcSwap<Tables>,
+    /// Rule id → its slots, so limiters (and the permits on them) survive a config change that
+    /// keeps the rule and its cap.
+    by_rule: Mutex<HashMap<String, Arc<RuleSlots>>>,
+}
+
+fn capped(r: &Rule) -> Option<u64> {
+    r.max_in_flight
+}
+
+impl Slots {
+    /// Rebuilds the per-rule tables for a new config snapshot. A rule whose id and cap are
+    /// unchanged keeps its limiters; a changed cap starts afresh (permits held on the old
+    /// limiters still release into them, harmlessly).
+    pub fn apply(&self, snap: &Snapshot) {
+        let mut by_rule = self.by_rule.lock();
+        let mut next: HashMap<String, Arc<RuleSlots>> = HashMap::new();
+        let mut tables: Tables = HashMap::new();
+        for d in snap.domains() {
+            let v: Vec<Option<Arc<RuleSlots>>> = d
+                .config
+                .rules
+                .iter()
+                .map(|r| {
+                    let max = capped(r)?;
+                    let t = match by_rule.get(&r.id) {
+                        Some(t) if t.max == max => t.clone(),
+                        _ => Arc::new(RuleSlots {
+                            max,
+                            max_keys: r.max_keys,
+                            rule_name: r.name.clone(),
+                            table: ShardedTable::default(),
+                        }),
+                    };
+                    next.insert(r.id.clone(), t.clone());
+                    Some(t)
+                })
+                .collect();
+            if v.iter().any(Option::is_some) {
+                tables.insert(d.config.domain.clone(), v);
+            }
+        }
+        *by_rule = next;
+        self.tables.store(Arc::new(tables));
+    }
+
+    /// Whether any rule of `domain` caps concurrency (a quick test before per-descriptor work).
+    #[inline]
+    pub fn any_capped(&self, domain: &str) -> bool {
+        self.tables.load().contains_key(domain)
+    }
+
+    /// Takes one slot of the key `entries` of rule `rule_index` in `domain`.
+    pub fn acquire(&self, domain: &str, rule_index: u32, entries: &[Entry<'_>]) -> SlotOutcome {
+        let tables = self.tables.load();
+        let Some(Some(rs)) = tables.get(domain).and_then(|v| v.get(rule_index as usize)) else {
+            return SlotOutcome::Uncapped;
+        };
+        let h = rs.table.hash(entries);
+        // Idle limiters are evicted concurrently (see `sweep`); a permit taken on one that was
+        // removed in the meantime would not count against its replacement, so confirm the
+        // limiter is still the table's after taking the slot, and retry when it is not. A
+        // limiter holding a slot is never evicted, so this settles at once.
+        for _ in 0..4 {
+            let Some(k) = rs
+                .table
+                .get_or_insert_capped(entries, h, rs.max_keys, || ConcurrencyLimiter::new(rs.max))
+            else {
+                return SlotOutcome::Full { max: rs.max };
+            };
+            let permit = match k.value.try_acquire(1) {
+                Ok(p) => p,
+                Err(ConcurrencyError::Full { max, .. })
+                | Err(ConcurrencyError::ExceedsCapacity { max, .. }) => {
+                    return SlotOutcome::Full { max }
+                }
+            };
+            if rs
+                .table
+                .get(entries, h)
+                .is_some_and(|x| Arc::ptr_eq(&x, &k))
+            {
+                return SlotOutcome::Held(permit);
+            }
+        }
+        SlotOutcome::Full { max: rs.max }
+    }
+
+    /// The cap of rule `rule_index` in `domain`, when it has one.
+    pub fn cap(&self, domain: &str, rule_index: u32) -> Option<u64> {
+        self.tables
+            .load()
+            .get(domain)?
+            .get(rule_index as usize)?
+            .as_ref()
+            .map(|r| r.max)
+    }
+
+    /// Forgets limiters with no slot in use (bounds memory under random keys); returns how many.
+    pub fn sweep(&self) -> u64 {
+        let rules: Vec<Arc<RuleSlots>> = self.by_rule.lock().values().cloned().collect();
+        rules
+            .iter()
+            .map(|r| r.table.retain(|k| k.value.in_flight() > 0))
+            .sum()
+    }
+
+    /// Slots in use per capped rule: (rule name, keys held, slots in use).
+    pub fn usage(&self) -> Vec<(String, u64, u64)> {
+        let rules: Vec<Arc<RuleSlots>> = self.by_rule.lock().values().cloned().collect();
+        rules
+            .iter()
+            .map(|r| {
+                let mut used = 0u64;
+                r.table.for_each(|k| used += k.value.in_flight());
+                (r.rule_name.clone(), r.table.len(), used)
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use allot_common::config::ConfigSet;
+    use allot_common::limiter::Limiter;
+    use std::path::Path;
+
+    fn limiter(cap: u64) -> Limiter {
+        let yaml = format!(
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {{unit: second, requests_per_unit: 9, scope: local, max_in_flight: {cap}}}\n  - key: free\n    rate_limit: {{unit: second, requests_per_unit: 9, scope: local}}\n"
+        );
+        Limiter::new(ConfigSet::from_yaml(&yaml, Path::new("p")).unwrap(), 0)
+    }
+
+    #[test]
+    fn slots_per_key_full_release_and_idle_eviction() {
+        let l = limiter(2);
+        let s = Slots::default();
+        s.apply(&l.snapshot());
+        let a = [Entry {
+            key: "k",
+            value: "a",
+        }];
+        let b = [Entry {
+            key: "k",
+            value: "b",
+        }];
+        assert!(s.any_capped("d") && !s.any_capped("other"));
+        assert_eq!(s.cap("d", 0), Some(2));
+        assert_eq!(s.cap("d", 1), None);
+        assert!(matches!(s.acquire("d", 1, &a), SlotOutcome::Uncapped));
+        let p1 = s.acquire("d", 0, &a);
+        let p2 = s.acquire("d", 0, &a);
+        assert!(matches!(p1, SlotOutcome::Held(_)) && matches!(p2, SlotOutcome::Held(_)));
+        assert!(matches!(
+            s.acquire("d", 0, &a),
+            SlotOutcome::Full { max: 2 }
+        ));
+        assert!(
+            matches!(s.acquire("d", 0, &b), SlotOutcome::Held(_)),
+            "keys are separate"
+        );
+        // b's permit was dropped at once: its limiter is idle and is forgotten; a's is not.
+        assert_eq!(s.sweep(), 1);
+        assert_eq!(
+            s.usage(),
+            vec![(
+                l.snapshot().domain("d").unwrap().config.rules[0]
+                    .name
+                    .clone(),
+                1,
+                2
+            )]
+        );
+        // A config change that keeps the rule and its cap keeps the limiters (and their use).
+        s.apply(&l.snapshot());
+        assert!(matches!(s.acquire("d", 0, &a), SlotOutcome::Full { .. }));
+        drop((p1, p2));
+        assert!(matches!(s.acquire("d", 0, &a), SlotOutcome::Held(_)));
+    }
+}

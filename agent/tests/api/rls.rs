@@ -1,0 +1,272 @@
+//! Envoy's RLS v3: codes, statuses, headers and Retry-After exact, invalid input refused with
+//! nothing spent — through the service struct and over loopback.
+
+use crate::support::*;
+use allot_agent::api::rls::RlsService;
+use allot_proto::envoy::service::ratelimit::v3::rate_limit_response::{rate_limit::Unit, Code};
+use allot_proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use allot_proto::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService;
+use allot_proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use allot_proto::prost_types::Duration;
+
+fn headers(r: &RateLimitResponse) -> Vec<(String, String)> {
+    r.response_headers_to_add
+        .iter()
+        .map(|h| (h.key.clone(), h.value.clone()))
+        .collect()
+}
+
+fn h(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+fn secs(s: i64) -> Option<Duration> {
+    Some(Duration {
+        seconds: s,
+        nanos: 0,
+    })
+}
+
+async fn call(svc: &RlsService, r: RateLimitRequest) -> Result<RateLimitResponse, tonic::Status> {
+    svc.should_rate_limit(tonic::Request::new(r))
+        .await
+        .map(|r| r.into_inner())
+}
+
+#[tokio::test]
+async fn token_bucket_statuses_headers_and_retry_after_are_exact() {
+    let r = rig(LOCAL);
+    let svc = RlsService::new(r.gateway.clone());
+    let req = || rls("edge", &[&[("client", "a")]], 0);
+    for (remaining, reset) in [(2u32, 20i64), (1, 40), (0, 60)] {
+        let resp = call(&svc, req()).await.unwrap();
+        assert_eq!(resp.overall_code, Code::Ok as i32);
+        let s = &resp.statuses[0];
+        assert_eq!(s.code, Code::Ok as i32);
+        let l = s.current_limit.as_ref().unwrap();
+        assert_eq!(
+            (l.requests_per_unit, l.unit, l.name.as_str()),
+            (3, Unit::Minute as i32, "per-client")
+        );
+        assert_eq!(s.limit_remaining, remaining);
+        assert_eq!(s.duration_until_reset, secs(reset));
+        assert_eq!(
+            headers(&resp),
+            h(&[
+                ("RateLimit-Limit", "3"),
+                ("RateLimit-Remaining", &remaining.to_string()),
+                ("RateLimit-Reset", &reset.to_string()),
+            ])
+        );
+    }
+    let resp = call(&svc, req()).await.unwrap();
+    assert_eq!(resp.overall_code, Code::OverLimit as i32);
+    assert_eq!(resp.statuses[0].code, Code::OverLimit as i32);
+    assert_eq!(resp.statuses[0].limit_remaining, 0);
+    assert_eq!(resp.statuses[0].duration_until_reset, secs(60));
+    assert_eq!(
+        headers(&resp),
+        h(&[
+            ("RateLimit-Limit", "3"),
+            ("RateLimit-Remaining", "0"),
+            ("RateLimit-Reset", "60"),
+            ("retry-after", "20"),
+        ])
+    );
+    // 10.5 s later one token is 9.5 s away: Retry-After rounds up to 10.
+    r.clock.advance(10_500 * MS);
+    let resp = call(&svc, req()).await.unwrap();
+    assert_eq!(resp.overall_code, Code::OverLimit as i32);
+    assert_eq!(
+        resp.statuses[0].duration_until_reset,
+        Some(Duration {
+            seconds: 49,
+            nanos: 500_000_000
+        })
+    );
+    assert_eq!(
+        headers(&resp).last().unwrap(),
+        &("retry-after".into(), "10".into())
+    );
+    r.clock.advance(9_500 * MS);
+    let resp = call(&svc, req()).await.unwrap();
+    assert_eq!(resp.overall_code, Code::Ok as i32);
+    assert_eq!(resp.statuses[0].limit_remaining, 0);
+}
+
+#[tokio::test]
+async fn multi_descriptor_requests_are_all_or_nothing() {
+    let r = rig(LOCAL);
+    let svc = RlsService::new(r.gateway.clone());
+    let both = || rls("edge", &[&[("client", "b")], &[("window", "w")]], 0);
+    // The fixed window [960 s, 1020 s) admits 2; t = 1000 s, so it ends in 20 s.
+    for (client, window) in [(2, 1), (1, 0)] {
+        let resp = call(&svc, both()).await.unwrap();
+        assert_eq!(resp.overall_code, Code::Ok as i32);
+        assert_eq!(
+            (
+                resp.statuses[0].limit_remaining,
+                resp.statuses[1].limit_remaining
+            ),
+            (client, window)
+        );
+    }
+    let resp = call(&svc, both()).await.unwrap();
+    assert_eq!(resp.overall_code, Code::OverLimit as i32);
+    assert_eq!(resp.statuses[0].code, Code::Ok as i32);
+    assert_eq!(
+        resp.statuses[0].limit_remaining, 1,
+        "the denied request spent nothing"
+    );
+    assert_eq!(resp.statuses[1].code, Code::OverLimit as i32);
+    assert_eq!(resp.statuses[1].duration_until_reset, secs(20));
+    let hs = headers(&resp);
+    assert!(
+        hs.contains(&("RateLimit-Limit".into(), "2".into())),
+        "{hs:?}"
+    );
+    assert!(
+        hs.contains(&("RateLimit-Reset".into(), "20".into())),
+        "{hs:?}"
+    );
+    assert_eq!(hs.last().unwrap(), &("retry-after".into(), "20".into()));
+    // The client bucket still holds its token.
+    let resp = call(&svc, rls("edge", &[&[("client", "b")]], 0))
+        .await
+        .unwrap();
+    assert_eq!(
+        (resp.overall_code, resp.statuses[0].limit_remaining),
+        (Code::Ok as i32, 0)
+    );
+}
+
+#[tokio::test]
+async fn shadow_unlimited_and_unmatched_descriptors() {
+    let r = rig(LOCAL);
+    let svc = RlsService::new(r.gateway.clone());
+    let resp = call(&svc, rls("edge", &[&[("shadow", "x")]], 0))
+        .await
+        .unwrap();
+    assert_eq!(
+        (resp.overall_code, resp.statuses[0].limit_remaining),
+        (Code::Ok as i32, 0)
+    );
+    // The would-be denial answers OK, with no Retry-After.
+    let resp = call(&svc, rls("edge", &[&[("shadow", "x")]], 0))
+        .await
+        .unwrap();
+    assert_eq!(resp.overall_code, Code::Ok as i32);
+    assert_eq!(resp.statuses[0].code, Code::Ok as i32);
+    assert!(headers(&resp).iter().all(|(k, _)| k != "retry-after"));
+    // No limit applies: OK, no current_limit, no headers.
+    let resp = call(&svc, rls("edge", &[&[("free", "x")], &[("other", "y")]], 0))
+        .await
+        .unwrap();
+    assert_eq!(resp.overall_code, Code::Ok as i32);
+    for s in &resp.statuses {
+        assert_eq!(s.code, Code::Ok as i32);
+        assert!(s.current_limit.is_none() && s.duration_until_reset.is_none());
+        assert_eq!(s.limit_remaining, 0);
+    }
+    assert!(resp.response_headers_to_add.is_empty());
+    assert_eq!(resp.statuses.len(), 2);
+}
+
+#[tokio::test]
+async fn hits_addend_request_and_per_descriptor() {
+    let r = rig(LOCAL);
+    let svc = RlsService::new(r.gateway.clone());
+    let resp = call(&svc, rls("edge", &[&[("tokens", "t")]], 5))
+        .await
+        .unwrap();
+    assert_eq!(resp.statuses[0].limit_remaining, 95);
+    // The descriptor's own hits_addend wins; 0 checks without spending.
+    let mut req = rls("edge", &[], 50);
+    req.descriptors.push(rls_desc(&[("tokens", "t")], Some(0)));
+    req.descriptors.push(rls_desc(&[("tokens", "u")], Some(7)));
+    let resp = call(&svc, req).await.unwrap();
+    assert_eq!(resp.statuses[0].limit_remaining, 95);
+    assert_eq!(resp.statuses[1].limit_remaining, 93);
+}
+
+#[tokio::test]
+async fn invalid_input_is_invalid_argument_and_spends_nothing() {
+    let r = rig(LOCAL);
+    let svc = RlsService::new(r.gateway.clone());
+    let mut huge = rls("edge", &[], 0);
+    huge.descriptors
+        .push(rls_desc(&[("tokens", "t")], Some(1 << 32)));
+    let mut negative = rls("edge", &[&[("tokens", "t")]], 0);
+    negative.descriptors[0].is_negative_hits = true;
+    let many: Vec<&[(&str, &str)]> = vec![&[("tokens", "t")]; 33];
+    let cases: Vec<(RateLimitRequest, &str)> = vec![
+        (rls("edge", &[], 0), "request has no descriptors"),
+        (
+            rls("nope", &[&[("tokens", "t")]], 0),
+            "unknown domain \"nope\"",
+        ),
+        (rls("", &[&[("tokens", "t")]], 0), "domain is empty"),
+        (
+            rls("edge", &[&[("tokens", "")]], 0),
+            "descriptors[0].entries[0].value is empty",
+        ),
+        (
+            rls("edge", &[&[("tokens", "t")], &[]], 0),
+            "descriptors[1] has no entries",
+        ),
+        (huge, "descriptors[0].hits_addend is 4294967296"),
+        (
+            rls("edge", &[&[("tokens", "t")]], 101),
+            "holds at most 100; it can never pass",
+        ),
+        (rls("edge", &many, 0), "request has 33 descriptors"),
+        (negative, "is_negative_hits is not supported"),
+    ];
+    for (req, msg) in cases {
+        let e = call(&svc, req).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument, "{msg}: {e:?}");
+        assert!(
+            e.message().contains(msg),
+            "{:?} does not name {msg:?}",
+            e.message()
+        );
+    }
+    let mut peek = rls("edge", &[], 0);
+    peek.descriptors.push(rls_desc(&[("tokens", "t")], Some(0)));
+    let resp = call(&svc, peek).await.unwrap();
+    assert_eq!(resp.statuses[0].limit_remaining, 100, "nothing was spent");
+}
+
+#[tokio::test]
+async fn over_loopback_grpc() {
+    let r = rig(LOCAL);
+    let servers = Servers::start(r.gateway.clone()).await;
+    let mut c = RateLimitServiceClient::connect(servers.grpc_url())
+        .await
+        .unwrap();
+    let req = || rls("edge", &[&[("client", "z")]], 0);
+    for _ in 0..3 {
+        let resp = c.should_rate_limit(req()).await.unwrap().into_inner();
+        assert_eq!(resp.overall_code, Code::Ok as i32);
+    }
+    let resp = c.should_rate_limit(req()).await.unwrap().into_inner();
+    assert_eq!(resp.overall_code, Code::OverLimit as i32);
+    assert_eq!(
+        headers(&resp),
+        h(&[
+            ("RateLimit-Limit", "3"),
+            ("RateLimit-Remaining", "0"),
+            ("RateLimit-Reset", "60"),
+            ("retry-after", "20"),
+        ])
+    );
+    let e = c
+        .should_rate_limit(rls("nope", &[&[("client", "z")]], 0))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    assert!(e.message().contains("unknown domain"));
+}
