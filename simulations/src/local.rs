@@ -38,6 +38,18 @@ pub struct AgentProc {
     child: Option<Child>,
 }
 
+/// One Envoy proxy in front of an agent (`--gateways envoy`).
+#[derive(Debug)]
+pub struct GatewayProc {
+    /// The agent it calls for rate-limit decisions.
+    pub agent: String,
+    /// Region of that agent.
+    pub region: String,
+    /// HTTP address clients send requests to.
+    pub http: String,
+    child: Option<Child>,
+}
+
 /// Where the deployment's endpoints are, for printing and `--json`.
 #[derive(Debug, Clone, Serialize)]
 pub struct Endpoints {
@@ -45,6 +57,8 @@ pub struct Endpoints {
     pub allocators: Vec<(u64, String)>,
     /// Agents: (id, region, rls address, http address).
     pub agents: Vec<(String, String, String, String)>,
+    /// Envoy gateways: (agent id, http address).
+    pub gateways: Vec<(String, String)>,
     /// Data folder.
     pub data_dir: String,
 }
@@ -56,6 +70,8 @@ pub struct Deployment {
     pub allocators: Vec<AllocatorProc>,
     /// Agents.
     pub agents: Vec<AgentProc>,
+    /// Envoy gateways (empty unless asked for).
+    pub gateways: Vec<GatewayProc>,
     /// Root data folder.
     pub data_dir: PathBuf,
     bin_dir: PathBuf,
@@ -74,6 +90,10 @@ pub struct Plan {
     pub data_dir: PathBuf,
     /// Agents to start: (region, count).
     pub agents: Vec<(String, usize)>,
+    /// Put a real Envoy proxy (this binary) in front of each agent of `gateway_regions`.
+    pub envoy: Option<PathBuf>,
+    /// Regions whose agents get an Envoy gateway.
+    pub gateway_regions: Vec<String>,
 }
 
 /// A free loopback port (bound then released; the process binds it right after).
@@ -229,6 +249,7 @@ impl Deployment {
         let mut d = Deployment {
             allocators,
             agents: Vec::new(),
+            gateways: Vec::new(),
             data_dir: plan.data_dir.clone(),
             bin_dir: plan.bin_dir.clone(),
             policies: plan.policies.clone(),
@@ -250,7 +271,83 @@ impl Deployment {
             }
         }
         d.wait_agents(Duration::from_secs(30)).await?;
+        if let Some(envoy) = &plan.envoy {
+            d.start_gateways(envoy, &plan.gateway_regions).await?;
+        }
         Ok(d)
+    }
+
+    /// Starts an upstream and one Envoy per agent of `regions`, with Envoy's HTTP rate-limit
+    /// filter (domain `acme`, descriptor tenant from `x-tenant`, operation=search) calling that
+    /// agent's RLS; waits until each Envoy accepts connections.
+    async fn start_gateways(&mut self, envoy: &Path, regions: &[String]) -> Result<()> {
+        let upstream = std::net::TcpListener::bind("127.0.0.1:0")?;
+        let upstream_port = upstream.local_addr()?.port();
+        upstream.set_nonblocking(true)?;
+        let listener = tokio::net::TcpListener::from_std(upstream)?;
+        let app = axum::Router::new().route("/search", axum::routing::get(|| async { "ok\n" }));
+        tokio::spawn(async move {
+            // The upstream lives as long as the launcher; an error ends it and the gateways
+            // then answer 503, which the scenario counts as errors.
+            let _ = axum::serve(listener, app).await;
+        });
+        let tmpl = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../tests/envoy/envoy.yaml.tmpl"
+        ))
+        .context("Envoy config template")?;
+        for a in self.agents.iter().filter(|a| regions.contains(&a.region)) {
+            let listen = free_port()?;
+            let admin = free_port()?;
+            let agent_port = a.rls.rsplit(':').next().unwrap_or_default().to_string();
+            let cfg = tmpl
+                .replace("@listen_port@", &listen.to_string())
+                .replace("@admin_port@", &admin.to_string())
+                .replace("@agent_port@", &agent_port)
+                .replace("@upstream_port@", &upstream_port.to_string())
+                .replace("@domain@", "acme")
+                .replace("@failure_mode_deny@", "true");
+            let path = self.data_dir.join(format!("envoy-{}.yaml", a.id));
+            std::fs::write(&path, cfg)?;
+            let log = log_file(&self.logs, &format!("envoy-{}", a.id))?;
+            let child = Command::new(envoy)
+                .arg("-c")
+                .arg(&path)
+                .args([
+                    "--base-id",
+                    &admin.to_string(),
+                    "--log-level",
+                    "warn",
+                    "--concurrency",
+                    "1",
+                ])
+                .stdin(Stdio::null())
+                .stdout(log.try_clone()?)
+                .stderr(log)
+                .kill_on_drop(true)
+                .spawn()
+                .context("cannot start envoy")?;
+            self.gateways.push(GatewayProc {
+                agent: a.id.clone(),
+                region: a.region.clone(),
+                http: format!("127.0.0.1:{listen}"),
+                child: Some(child),
+            });
+        }
+        let t0 = Instant::now();
+        for g in &self.gateways {
+            while tokio::net::TcpStream::connect(&g.http).await.is_err() {
+                if t0.elapsed() > Duration::from_secs(30) {
+                    bail!(
+                        "envoy for {} not listening; see {}",
+                        g.agent,
+                        self.logs.display()
+                    );
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+        Ok(())
     }
 
     /// The current leader's (id, address), asking every running node.
@@ -341,6 +438,29 @@ impl Deployment {
         Ok(())
     }
 
+    /// Waits until node `id` answers (e.g. after a restart: it must own its signal handlers
+    /// before it can be stopped cleanly).
+    ///
+    /// # Errors
+    /// Not answering within `within`.
+    pub async fn wait_node(&self, id: u64, within: Duration) -> Result<()> {
+        let Some(a) = self.allocators.iter().find(|a| a.id == id) else {
+            bail!("no allocator node {id}");
+        };
+        let t0 = Instant::now();
+        let mut c = allocator_client(&a.addr)?;
+        while c.cluster_status(pb::ClusterStatusRequest {}).await.is_err() {
+            if t0.elapsed() > within {
+                bail!(
+                    "allocator node {id} not answering within {within:?}; see {}",
+                    self.logs.display()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(())
+    }
+
     /// Endpoints, for printing.
     pub fn endpoints(&self) -> Endpoints {
         Endpoints {
@@ -361,6 +481,11 @@ impl Deployment {
                     )
                 })
                 .collect(),
+            gateways: self
+                .gateways
+                .iter()
+                .map(|g| (g.agent.clone(), g.http.clone()))
+                .collect(),
             data_dir: self.data_dir.display().to_string(),
         }
     }
@@ -369,6 +494,20 @@ impl Deployment {
     /// allocators (they flush). Returns the processes that did not exit cleanly.
     pub async fn shutdown(mut self) -> Vec<String> {
         let mut unclean = Vec::new();
+        for g in self.gateways.iter() {
+            if let Some(c) = &g.child {
+                terminate(c);
+            }
+        }
+        for g in self.gateways.iter_mut() {
+            if let Some(mut c) = g.child.take() {
+                match wait_exit(&mut c, Duration::from_secs(10)).await {
+                    Ok(s) if s.success() => {}
+                    Ok(s) => unclean.push(format!("envoy for {} exited with {s}", g.agent)),
+                    Err(e) => unclean.push(format!("envoy for {}: {e}", g.agent)),
+                }
+            }
+        }
         for a in self.agents.iter() {
             if let Some(c) = &a.child {
                 terminate(c);

