@@ -9,5 +9,6 @@
 #![warn(missing_docs)]
 
 pub mod local;
+pub mod noop;
 pub mod rls;
 pub mod scenario;

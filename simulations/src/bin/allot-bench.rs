@@ -43,10 +43,59 @@ enum Command {
         /// Most requests outstanding at once.
         #[arg(long, default_value_t = 512)]
         max_in_flight: usize,
+        /// First run the same load against a do-nothing RLS server started in-process (the
+        /// transport's own cost) and print the target's latency as a ratio of it.
+        #[arg(long)]
+        baseline: bool,
         /// Print one JSON document instead of a table.
         #[arg(long)]
         json: bool,
     },
+    /// Steady load through an agent, counting the allocator RPCs it made (from its /v1/status)
+    /// per 1000 admitted decisions.
+    Steady {
+        /// The agent's RLS address, host:port.
+        #[arg(long)]
+        target: String,
+        /// The agent's HTTP address, host:port (for /v1/status).
+        #[arg(long)]
+        http: String,
+        /// Requests per second.
+        #[arg(long)]
+        rate: u64,
+        /// Seconds to run (after a warm-up of 3 s that is not counted).
+        #[arg(long)]
+        duration: u64,
+        /// Domain of the requests.
+        #[arg(long)]
+        domain: String,
+        /// Descriptor entries, key=value (repeatable).
+        #[arg(long = "entry")]
+        entries: Vec<String>,
+    },
+}
+
+fn parse_entries(entries: Vec<String>) -> Result<Vec<(String, String)>> {
+    let mut es = Vec::new();
+    for e in entries {
+        let Some((k, v)) = e.split_once('=') else {
+            bail!("--entry {e:?} is not key=value");
+        };
+        es.push((k.to_string(), v.to_string()));
+    }
+    Ok(es)
+}
+
+async fn rpc_count(http: &str) -> Result<u64> {
+    let v: serde_json::Value = reqwest::get(format!("http://{http}/v1/status"))
+        .await?
+        .json()
+        .await?;
+    let c = &v["counters"];
+    Ok(["acquires", "reports", "releases"]
+        .iter()
+        .map(|k| c[k].as_u64().unwrap_or(0))
+        .sum())
 }
 
 #[tokio::main]
@@ -60,18 +109,30 @@ async fn main() -> Result<()> {
             entries,
             keys,
             max_in_flight,
+            baseline,
             json,
         } => {
             if rate == 0 || duration == 0 {
                 bail!("--rate and --duration must be positive");
             }
-            let mut es = Vec::new();
-            for e in entries {
-                let Some((k, v)) = e.split_once('=') else {
-                    bail!("--entry {e:?} is not key=value");
-                };
-                es.push((k.to_string(), v.to_string()));
-            }
+            let es = parse_entries(entries)?;
+            let base = if baseline {
+                let addr = allot_simulations::noop::spawn().await?;
+                Some(
+                    run_load(
+                        &addr,
+                        &domain,
+                        &es,
+                        keys,
+                        rate,
+                        Duration::from_secs(duration),
+                        max_in_flight,
+                    )
+                    .await?,
+                )
+            } else {
+                None
+            };
             let r = run_load(
                 &target,
                 &domain,
@@ -83,8 +144,21 @@ async fn main() -> Result<()> {
             )
             .await?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&r)?);
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(
+                        &serde_json::json!({"target": r, "baseline": base})
+                    )?
+                );
             } else {
+                if let Some(b) = &base {
+                    println!("baseline (no-op RLS in-process): throughput {:.0}/s  p50 {} µs  p99 {} µs  p99.9 {} µs", b.throughput, b.p50_us, b.p99_us, b.p999_us);
+                    println!(
+                        "target / baseline: p50 {:.2}x  p99 {:.2}x",
+                        r.p50_us as f64 / b.p50_us.max(1) as f64,
+                        r.p99_us as f64 / b.p99_us.max(1) as f64
+                    );
+                }
                 println!("target {target}  rate {rate}/s  duration {duration} s  keys {keys}");
                 println!(
                     "sent {}  ok {}  over_limit {}  errors {}",
@@ -96,6 +170,44 @@ async fn main() -> Result<()> {
                     r.p50_us, r.p99_us, r.p999_us, r.max_us
                 );
             }
+            Ok(())
+        }
+        Command::Steady {
+            target,
+            http,
+            rate,
+            duration,
+            domain,
+            entries,
+        } => {
+            let es = parse_entries(entries)?;
+            // Warm-up: cold keys acquire, demand estimates settle.
+            run_load(&target, &domain, &es, 1, rate, Duration::from_secs(3), 1024).await?;
+            let before = rpc_count(&http).await?;
+            let r = run_load(
+                &target,
+                &domain,
+                &es,
+                1,
+                rate,
+                Duration::from_secs(duration),
+                1024,
+            )
+            .await?;
+            let after = rpc_count(&http).await?;
+            let rpcs = after - before;
+            println!(
+                "steady {rate}/s for {duration} s: ok {}  over_limit {}  errors {}",
+                r.ok, r.over_limit, r.errors
+            );
+            println!(
+                "latency µs  p50 {}  p99 {}  p99.9 {}",
+                r.p50_us, r.p99_us, r.p999_us
+            );
+            println!(
+                "allocator RPCs {rpcs} (acquire + report + release) = {:.2} per 1000 admitted",
+                rpcs as f64 * 1000.0 / r.ok.max(1) as f64
+            );
             Ok(())
         }
     }

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Issue 4 benchmarks on loopback (not a test): a 1-node allocator and one agent in release mode,
+# then allot-bench against the agent's Envoy RLS API:
+#   1. p50/p99 at 5,000 req/s, local and leased policy, each against a no-op RLS baseline
+#      measured in the same run;
+#   2. the highest offered rate the agent still answers in full (throughput ramp);
+#   3. allocator RPCs per 1,000 admitted decisions at a steady 2,000 req/s.
+# Usage: bash simulations/bench-agent.sh   (from the repository root)
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+cargo build --release -q -p allot-allocator -p allot-agent -p allot-simulations --bins
+bin="$root/target/release"
+tmp="$(mktemp -d)"
+trap 'kill $(jobs -p) 2>/dev/null; wait 2>/dev/null; rm -rf "$tmp"' EXIT
+mkdir -p "$tmp/policies"
+cat > "$tmp/policies/bench.yaml" <<'YAML'
+domain: bench
+descriptors:
+  - key: tenant
+    value: local
+    rate_limit: {unit: second, requests_per_unit: 1000000, scope: local}
+  - key: tenant
+    value: leased
+    rate_limit:
+      unit: second
+      requests_per_unit: 100000
+      burst: 100000
+      lease: {ttl_ms: 5000, max_grant: 50000}
+YAML
+port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+ap=$(port); gp=$(port); hp=$(port)
+"$bin/allot-allocator" --node-id 1 --listen 127.0.0.1:$ap --peer 1=127.0.0.1:$ap --init \
+  --data-dir "$tmp/alloc" --policies "$tmp/policies" 2>"$tmp/alloc.log" &
+"$bin/allot-agent" --agent-id bench-1 --region eu --allocator 127.0.0.1:$ap \
+  --grpc-listen 127.0.0.1:$gp --http-listen 127.0.0.1:$hp --policies "$tmp/policies" 2>"$tmp/agent.log" &
+for _ in $(seq 100); do curl -sf "http://127.0.0.1:$hp/healthz" >/dev/null && break; sleep 0.1; done
+echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs); load before: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo
+echo "## 1. RLS latency at 5000 req/s, 10 s (local-scope policy)"
+"$bin/allot-bench" rls --target 127.0.0.1:$gp --rate 5000 --duration 10 --domain bench --entry tenant=local --baseline
+echo
+echo "## 1b. RLS latency at 5000 req/s, 10 s (leased policy)"
+"$bin/allot-bench" rls --target 127.0.0.1:$gp --rate 5000 --duration 10 --domain bench --entry tenant=leased --baseline
+echo
+echo "## 2. throughput ramp (local-scope policy, 5 s each)"
+for rate in 5000 10000 15000 20000 30000; do
+  "$bin/allot-bench" rls --target 127.0.0.1:$gp --rate $rate --duration 5 --domain bench --entry tenant=local --json \
+    | python3 -c "import json,sys; r=json.load(sys.stdin)['target']; print(f\"offered {$rate}/s: answered {r['throughput']:.0f}/s, errors {r['errors']}, p50 {r['p50_us']} µs, p99 {r['p99_us']} µs\")"
+done
+echo
+echo "## 3. allocator RPCs per 1000 admitted (leased policy, 2000 req/s, 20 s after a 3 s warm-up)"
+"$bin/allot-bench" steady --target 127.0.0.1:$gp --http 127.0.0.1:$hp --rate 2000 --duration 20 --domain bench --entry tenant=leased
+echo
+echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"

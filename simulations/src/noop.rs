@@ -1,0 +1,49 @@
+//! A do-nothing Envoy RLS server (always OK): the baseline a rate-limit service is measured
+//! against in the same run, so a latency figure shows the limiter's own cost over the transport.
+
+use allot_proto::envoy::service::ratelimit::v3::rate_limit_response::{Code, DescriptorStatus};
+use allot_proto::envoy::service::ratelimit::v3::rate_limit_service_server::{
+    RateLimitService, RateLimitServiceServer,
+};
+use allot_proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use tonic::{Request, Response, Status};
+
+/// Answers OK to everything.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NoopRls;
+
+#[tonic::async_trait]
+impl RateLimitService for NoopRls {
+    async fn should_rate_limit(
+        &self,
+        req: Request<RateLimitRequest>,
+    ) -> Result<Response<RateLimitResponse>, Status> {
+        let n = req.get_ref().descriptors.len();
+        Ok(Response::new(RateLimitResponse {
+            overall_code: Code::Ok as i32,
+            statuses: (0..n)
+                .map(|_| DescriptorStatus {
+                    code: Code::Ok as i32,
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        }))
+    }
+}
+
+/// Serves [`NoopRls`] on an ephemeral loopback port; returns its address.
+///
+/// # Errors
+/// When no port can be bound.
+pub async fn spawn() -> anyhow::Result<String> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?.to_string();
+    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(RateLimitServiceServer::new(NoopRls))
+            .serve_with_incoming(incoming),
+    );
+    Ok(addr)
+}
