@@ -10,70 +10,12 @@
 //! leave a tombstone for a while, so a repeated Settle gets the same answer.
 
 use allot_common::concurrency::Permit;
-use allot_common::descriptor::{Descriptor, Entry, Request};
 use allot_common::units::{Micros, Nanos};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-/// An owned descriptor: entries (key, value) and its own hits_addend.
-pub type OwnedDescriptor = (Vec<(String, String)>, Option<u64>);
-
-/// An owned copy of a request, kept to refund it later.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct OwnedRequest {
-    /// Domain.
-    pub domain: String,
-    /// Per descriptor: entries (key, value) and its own hits_addend.
-    pub descriptors: Vec<OwnedDescriptor>,
-    /// Request-level cost.
-    pub hits_addend: Option<u64>,
-}
-
-impl OwnedRequest {
-    /// Copies `req`.
-    pub fn from_request(req: &Request<'_>) -> Self {
-        OwnedRequest {
-            domain: req.domain.to_string(),
-            descriptors: req
-                .descriptors
-                .iter()
-                .map(|d| {
-                    (
-                        d.entries
-                            .iter()
-                            .map(|e| (e.key.to_string(), e.value.to_string()))
-                            .collect(),
-                        d.hits_addend,
-                    )
-                })
-                .collect(),
-            hits_addend: req.hits_addend,
-        }
-    }
-
-    /// Calls `f` with the borrowed form of this request.
-    pub fn with_request<R>(&self, f: impl FnOnce(&Request<'_>) -> R) -> R {
-        let entries: Vec<Vec<Entry<'_>>> = self
-            .descriptors
-            .iter()
-            .map(|(es, _)| es.iter().map(|(k, v)| Entry { key: k, value: v }).collect())
-            .collect();
-        let descriptors: Vec<Descriptor<'_>> = entries
-            .iter()
-            .zip(&self.descriptors)
-            .map(|(es, (_, h))| Descriptor {
-                entries: es,
-                hits_addend: *h,
-            })
-            .collect();
-        f(&Request {
-            domain: &self.domain,
-            descriptors: &descriptors,
-            hits_addend: self.hits_addend,
-        })
-    }
-}
+pub use allot_common::descriptor::{OwnedDescriptor, OwnedRequest};
 
 /// An admitted reservation.
 #[derive(Debug)]

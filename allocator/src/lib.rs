@@ -1,12 +1,16 @@
 //! The Allot allocator: owns each policy's global quota and hands it out as epoch-fenced,
 //! expiring allocations, replicated with Raft.
 //!
-//! This crate currently holds the replication layer ([`raft`]): openraft 0.9 with a sled-backed
-//! log and state machine, a tonic transport, and a [`raft::Node`] that proposes commands of any
-//! [`raft::App`]. The lease ledger is a separate pure module that implements [`raft::App`].
+//! - [`ledger`]: the pure lease ledger (policies, buckets, allocations), an [`raft::App`];
+//! - [`raft`]: openraft 0.9 with a sled-backed log and state machine, a tonic transport, and a
+//!   [`raft::Node`] that proposes commands of any [`raft::App`];
+//! - [`service`]: the `allot.v1.Allocator` gRPC API over a `Node<Ledger>`;
+//! - [`daemon`]: one complete node as the `allot-allocator` binary runs it (API and Raft on one
+//!   server, the leader's tick, policy files), also used by the tests and the benchmark.
 
 #![warn(missing_docs)]
 
+pub mod daemon;
 pub mod ledger;
 pub mod raft;
 pub mod service;

@@ -3,7 +3,8 @@
 //!
 //! A follower forwards writes and status reads to the leader once (marked with
 //! [`FORWARDED_HEADER`], so a call is never forwarded twice); when it cannot, it answers
-//! FAILED_PRECONDITION with a [`LeaderHint`] (leader id and address) in the status details.
+//! FAILED_PRECONDITION with a [`LeaderHint`](pb::LeaderHint) (leader id and address) in the
+//! status details, or UNAVAILABLE while no leader is known.
 //! Bad input gets INVALID_ARGUMENT / NOT_FOUND / FAILED_PRECONDITION / RESOURCE_EXHAUSTED with a
 //! reason and changes nothing.
 
@@ -48,6 +49,11 @@ impl AllocatorService {
         AllocatorServer::new(self)
     }
 
+    /// This service as routes to pass to [`Node::serve`], next to the Raft service.
+    pub fn into_routes(self) -> tonic::service::Routes {
+        tonic::service::Routes::new(self.into_server())
+    }
+
     fn client(&self, addr: &str) -> Result<AllocatorClient<Channel>, Status> {
         let mut m = self.channels.lock();
         if let Some(c) = m.get(addr) {
@@ -79,8 +85,11 @@ impl AllocatorService {
                 leader_id,
                 leader_addr,
             }) => {
-                let Some(addr) = leader_addr.filter(|a| !a.is_empty() && !forwarded) else {
-                    return Err(not_leader(leader_id, None));
+                let leader_addr = leader_addr.filter(|a| !a.is_empty());
+                // A call forwarded once is not forwarded again (no loops while leadership
+                // moves); its caller still learns where the leader is.
+                let Some(addr) = leader_addr.clone().filter(|_| !forwarded) else {
+                    return Err(not_leader(leader_id, leader_addr));
                 };
                 let client = self.client(&addr)?;
                 match forward(client).await {
@@ -91,13 +100,18 @@ impl AllocatorService {
                     Err(s) => Err(s),
                 }
             }
-            Err(e) => Err(Status::unavailable(format!("not committed: {e}"))),
+            // Raft stopped under the write: it may or may not have committed.
+            Err(e) => Err(Status::unavailable(format!("write outcome unknown: {e}"))),
         }
     }
 }
 
-/// FAILED_PRECONDITION carrying where the leader is.
+/// FAILED_PRECONDITION carrying where the leader is; UNAVAILABLE while no leader is known (an
+/// election is running), since only a retry later can help then.
 fn not_leader(leader_id: Option<u64>, leader_addr: Option<String>) -> Status {
+    if leader_id.is_none() {
+        return Status::unavailable("not the leader, and no leader is known yet; retry shortly");
+    }
     let hint = pb::LeaderHint {
         leader_id,
         leader_addr: leader_addr.clone().unwrap_or_default(),
@@ -265,16 +279,27 @@ impl Allocator for AllocatorService {
         let fwd = forwarded(&req);
         let body = req.get_ref().clone();
         let key = policy_key(body.key.clone())?;
-        if let Err(ClientError::NotLeader {
-            leader_id,
-            leader_addr,
-        }) = self.node.ensure_linearizable().await
-        {
-            let Some(addr) = leader_addr.filter(|a| !a.is_empty() && !fwd) else {
-                return Err(not_leader(leader_id, None));
-            };
-            let mut c = self.client(&addr)?;
-            return c.status(mark(Request::new(body))).await;
+        match self.node.ensure_linearizable().await {
+            Ok(()) => {}
+            Err(ClientError::NotLeader {
+                leader_id,
+                leader_addr,
+            }) => {
+                let leader_addr = leader_addr.filter(|a| !a.is_empty());
+                let Some(addr) = leader_addr.clone().filter(|_| !fwd) else {
+                    return Err(not_leader(leader_id, leader_addr));
+                };
+                let mut c = self.client(&addr)?;
+                return match c.status(mark(Request::new(body))).await {
+                    Err(s) if s.code() == Code::Unavailable => {
+                        Err(not_leader(leader_id, Some(addr)))
+                    }
+                    other => other,
+                };
+            }
+            // A stopped node or a leader without a quorum must not answer from a state that
+            // may be stale.
+            Err(e) => return Err(Status::unavailable(format!("no linearizable read: {e}"))),
         }
         let now = self.clock.now_ms();
         let s = self

@@ -1,13 +1,31 @@
-//! Integration tests of the allocator's Raft layer, in one test binary.
+//! Integration tests of the allocator, in one test binary.
 //!
 //! - `suite`: openraft's storage conformance suite on the sled log store and state machine.
-//! - `failover`: a 3-node cluster on loopback: commit, leader failover, whole-cluster restart.
+//! - `failover`: the Raft layer with a test app on a 3-node loopback cluster: commit, leader
+//!   failover, whole-cluster restart, snapshot install.
+//! - `ledger_failover`: the real ledger through the gRPC API on a 3-node cluster: grants
+//!   commit, leader killed under load, B + r·t, stale epochs, whole-cluster restart.
+//! - `redirect`: follower forwarding and leader hints; bad input gets precise codes and changes
+//!   nothing.
+//! - `daemon`: a complete node as the binary runs it: init, policy files, the leader's tick.
 
 #[path = "cluster/support.rs"]
 mod support;
+
+#[path = "cluster/ledger_support.rs"]
+mod ledger_support;
 
 #[path = "cluster/suite.rs"]
 mod suite;
 
 #[path = "cluster/failover.rs"]
 mod failover;
+
+#[path = "cluster/ledger_failover.rs"]
+mod ledger_failover;
+
+#[path = "cluster/redirect.rs"]
+mod redirect;
+
+#[path = "cluster/daemon.rs"]
+mod daemon;

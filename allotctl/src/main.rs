@@ -2,8 +2,14 @@
 //!
 //! * `allotctl replay --config FILE|DIR --trace FILE.jsonl`: decide a recorded trace against a
 //!   policy on a virtual clock (contract: `shared/acceptance/README.md`);
-//! * `allotctl validate --config FILE|DIR`: check a policy before rollout.
+//! * `allotctl validate --config FILE|DIR`: check a policy before rollout;
+//! * `allotctl cluster init | add-learner | change-membership | status`, `allotctl policy put`,
+//!   `allotctl shares set`, `allotctl status`: administer an allocator cluster over gRPC.
+//!
+//! Exit codes: 0 success, 1 the allocator refused (the gRPC code and message are printed, with
+//! the leader's address when a follower named it), 2 any other error.
 
+mod admin;
 mod replay;
 mod wire;
 
@@ -52,6 +58,18 @@ enum Command {
         #[arg(long)]
         config: PathBuf,
     },
+    /// Allocator cluster membership and Raft state.
+    #[command(subcommand)]
+    Cluster(admin::ClusterCommand),
+    /// Allocator policy documents.
+    #[command(subcommand)]
+    Policy(admin::PolicyCommand),
+    /// Region shares of an allocator policy.
+    #[command(subcommand)]
+    Shares(admin::SharesCommand),
+    /// Per-region allocations of one policy key: live, granted, reported, stranded and the
+    /// overshoot bound.
+    Status(admin::StatusArgs),
 }
 
 fn main() -> ExitCode {
@@ -59,7 +77,11 @@ fn main() -> ExitCode {
         Ok(code) => code,
         Err(e) => {
             eprintln!("allotctl: error: {e:#}");
-            ExitCode::from(2)
+            if e.downcast_ref::<admin::RemoteError>().is_some() {
+                ExitCode::from(1)
+            } else {
+                ExitCode::from(2)
+            }
         }
     }
 }
@@ -94,6 +116,10 @@ fn run(cli: Cli) -> Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        Command::Cluster(c) => admin::cluster(c).map(|()| ExitCode::SUCCESS),
+        Command::Policy(c) => admin::policy(c).map(|()| ExitCode::SUCCESS),
+        Command::Shares(c) => admin::shares(c).map(|()| ExitCode::SUCCESS),
+        Command::Status(a) => admin::status(a).map(|()| ExitCode::SUCCESS),
     }
 }
 

@@ -1,44 +1,8 @@
 //! Envoy's `RateLimitRequest` in its proto3 JSON form (as in replay traces), parsed strictly:
 //! a malformed field is an invalid-argument error naming the field, never a panic.
 
-use allot_common::descriptor::{Descriptor, Entry, Request};
+pub use allot_common::descriptor::OwnedRequest;
 use serde_json::Value;
-
-/// A parsed request that owns its strings; [`OwnedRequest::with_request`] lends it out as the
-/// decision core's borrowed [`Request`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct OwnedRequest {
-    /// `domain`.
-    pub domain: String,
-    /// `descriptors[]`: entries as (key, value) and the descriptor's own `hits_addend`.
-    pub descriptors: Vec<(Vec<(String, String)>, Option<u64>)>,
-    /// The request's `hits_addend`.
-    pub hits_addend: Option<u64>,
-}
-
-impl OwnedRequest {
-    /// Calls `f` with the borrowed form of this request.
-    pub fn with_request<R>(&self, f: impl FnOnce(&Request<'_>) -> R) -> R {
-        let entries: Vec<Vec<Entry<'_>>> = self
-            .descriptors
-            .iter()
-            .map(|(es, _)| es.iter().map(|(k, v)| Entry { key: k, value: v }).collect())
-            .collect();
-        let descriptors: Vec<Descriptor<'_>> = entries
-            .iter()
-            .zip(&self.descriptors)
-            .map(|(es, (_, h))| Descriptor {
-                entries: es,
-                hits_addend: *h,
-            })
-            .collect();
-        f(&Request {
-            domain: &self.domain,
-            descriptors: &descriptors,
-            hits_addend: self.hits_addend,
-        })
-    }
-}
 
 /// proto3 JSON integers may be numbers or decimal strings.
 fn uint(v: &Value, field: &str, max: u64) -> Result<u64, String> {

@@ -213,6 +213,66 @@ impl<'a> Request<'a> {
     }
 }
 
+/// An owned descriptor: entries (key, value) and its own `hits_addend`.
+pub type OwnedDescriptor = (Vec<(String, String)>, Option<u64>);
+
+/// A request that owns its strings (parsed from JSON, or kept to refund later);
+/// [`OwnedRequest::with_request`] lends it out as a borrowed [`Request`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OwnedRequest {
+    /// Domain.
+    pub domain: String,
+    /// Per descriptor: entries (key, value) and its own `hits_addend`.
+    pub descriptors: Vec<OwnedDescriptor>,
+    /// Request-level cost.
+    pub hits_addend: Option<u64>,
+}
+
+impl OwnedRequest {
+    /// Copies `req`.
+    pub fn from_request(req: &Request<'_>) -> Self {
+        OwnedRequest {
+            domain: req.domain.to_string(),
+            descriptors: req
+                .descriptors
+                .iter()
+                .map(|d| {
+                    (
+                        d.entries
+                            .iter()
+                            .map(|e| (e.key.to_string(), e.value.to_string()))
+                            .collect(),
+                        d.hits_addend,
+                    )
+                })
+                .collect(),
+            hits_addend: req.hits_addend,
+        }
+    }
+
+    /// Calls `f` with the borrowed form of this request (allocates the entry arrays).
+    pub fn with_request<R>(&self, f: impl FnOnce(&Request<'_>) -> R) -> R {
+        let entries: Vec<Vec<Entry<'_>>> = self
+            .descriptors
+            .iter()
+            .map(|(es, _)| es.iter().map(|(k, v)| Entry { key: k, value: v }).collect())
+            .collect();
+        let descriptors: Vec<Descriptor<'_>> = entries
+            .iter()
+            .zip(&self.descriptors)
+            .map(|(es, (_, h))| Descriptor {
+                entries: es,
+                hits_addend: *h,
+            })
+            .collect();
+        f(&Request {
+            domain: &self.domain,
+            descriptors: &descriptors,
+            hits_addend: self.hits_addend,
+        })
+    }
+}
+
 /// Bytes of the canonical key for `entries`.
 pub fn encoded_len(entries: &[Entry<'_>]) -> usize {
     entries

@@ -158,7 +158,7 @@ async fn settle_key(book: &LeaseBook, link: &AllocatorLink, kl: &Arc<Keyed<KeyLe
                     book.set_reachable(true);
                     a.set_reported(r.recorded_spend);
                 }
-                Err(s) if matches!(s.code(), Code::FailedPrecondition | Code::NotFound) => {
+                Err(s) if fenced(&s) => {
                     // The allocator no longer knows it as live (expired or fenced): stop.
                     book.set_reachable(true);
                     tracing::warn!(allocation = a.id, status = %s, "allocation fenced; dropping it");
@@ -205,7 +205,7 @@ async fn release(book: &LeaseBook, link: &AllocatorLink, a: &HeldAllocation) -> 
             tracing::debug!(allocation = a.id, returned = r.returned, "released");
             true
         }
-        Err(s) if matches!(s.code(), Code::FailedPrecondition | Code::NotFound) => {
+        Err(s) if fenced(&s) => {
             book.set_reachable(true);
             true
         }
@@ -318,10 +318,13 @@ async fn acquire(
             );
         }
         Err(st) => {
-            let answered = !matches!(
-                st.code(),
-                Code::Unavailable | Code::DeadlineExceeded | Code::Unknown | Code::Cancelled
-            );
+            // A leader hint that could not be followed means no leader answered either.
+            let leaderless = st.code() == Code::FailedPrecondition && !st.details().is_empty();
+            let answered = !leaderless
+                && !matches!(
+                    st.code(),
+                    Code::Unavailable | Code::DeadlineExceeded | Code::Unknown | Code::Cancelled
+                );
             book.set_reachable(answered);
             if !answered {
                 book.counters.rpc_errors.fetch_add(1, Ordering::Relaxed);
@@ -336,4 +339,11 @@ async fn acquire(
     v.answered.store(true, Ordering::Release);
     v.acquiring.store(false, Ordering::Release);
     v.ready.notify_waiters();
+}
+
+/// The allocator answered that it no longer holds the allocation as live (expired, released,
+/// stale epoch, unknown id). A FAILED_PRECONDITION that carries details is a not-the-leader hint
+/// instead: the allocation may well be live, so it is kept and retried.
+fn fenced(s: &tonic::Status) -> bool {
+    matches!(s.code(), Code::FailedPrecondition | Code::NotFound) && s.details().is_empty()
 }

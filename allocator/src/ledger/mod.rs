@@ -222,6 +222,12 @@ impl Ledger {
         self.docs.get(domain).map_or(0, |d| d.version)
     }
 
+    /// The policy document (YAML) in force for a domain, if any. Lets an installer skip a
+    /// document that is already in force instead of bumping its version again.
+    pub fn policy_yaml(&self, domain: &str) -> Option<&str> {
+        self.docs.get(domain).map(|d| d.yaml.as_str())
+    }
+
     /// An allocation by id.
     pub fn allocation(&self, id: u64) -> Option<&Allocation> {
         self.allocations.get(&id)

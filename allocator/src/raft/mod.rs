@@ -27,6 +27,6 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use log_store::SledLogStore;
 pub use network_in::RaftServiceHandler;
 pub use network_out::{ChannelFactory, GrpcNetworkFactory, LazyTcpChannels};
-pub use node::{open_db, ClientError, Node, NodeConfig, NodeError, RaftTimings};
+pub use node::{open_db, AlreadyServing, ClientError, Node, NodeConfig, NodeError, RaftTimings};
 pub use state_machine::{SledStateMachine, StateMachineHandle};
 pub use types::{AllotRaft, NodeId, Stamped};

@@ -1,4 +1,5 @@
-//! One allocator node: sled storage, the Raft instance, the Raft gRPC server and proposals.
+//! One allocator node: sled storage, the Raft instance, its gRPC server (Raft plus any extra
+//! services, such as the allocator API) and proposals.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -10,11 +11,13 @@ use openraft::error::{
     CheckIsLeaderError, ClientWriteError, ForwardToLeader, InitializeError, RaftError,
 };
 use openraft::{BasicNode, Config, SnapshotPolicy};
+use parking_lot::Mutex;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tokio_stream::Stream;
+use tonic::service::Routes;
 use tonic::transport::server::Connected;
 
 use super::app::App;
@@ -101,6 +104,11 @@ pub enum NodeError {
     Flush(sled::Error),
 }
 
+/// [`Node::serve`] was called on a node that already serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the node already serves")]
+pub struct AlreadyServing;
+
 /// Why a proposal did not produce a committed response.
 #[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
 pub enum ClientError {
@@ -129,8 +137,13 @@ pub struct Node<A: App> {
     state: StateMachineHandle<A>,
     clock: Arc<dyn Clock>,
     db: sled::Db,
-    server: Option<JoinHandle<Result<(), tonic::transport::Error>>>,
-    server_stop: Option<oneshot::Sender<()>>,
+    server: Mutex<Option<Server>>,
+}
+
+/// The running gRPC server of a node and the signal that stops it.
+struct Server {
+    task: JoinHandle<Result<(), tonic::transport::Error>>,
+    stop: oneshot::Sender<()>,
 }
 
 impl<A: App> Node<A> {
@@ -158,6 +171,8 @@ impl<A: App> Node<A> {
     /// are reached through `channels`. A restarted node with an existing database rejoins its
     /// cluster; a new one waits for [`Node::initialize`] or to be added by a leader.
     ///
+    /// Equivalent to [`Node::open`] followed by [`Node::serve`] with no extra services.
+    ///
     /// # Errors
     /// [`NodeError::OpenDb`], [`NodeError::StateMachine`] for unreadable storage,
     /// [`NodeError::Config`] for bad timings, [`NodeError::Fatal`] when Raft cannot start.
@@ -172,6 +187,26 @@ impl<A: App> Node<A> {
         IO: AsyncRead + AsyncWrite + Connected + Unpin + Send + 'static,
         IE: Into<Box<dyn std::error::Error + Send + Sync>> + Send + 'static,
     {
+        let node = Self::open(config, clock, channels).await?;
+        node.serve(incoming, Routes::default())
+            .map_err(|e| NodeError::Server(e.to_string()))?;
+        Ok(node)
+    }
+
+    /// Opens (or creates) the node's sled database, restores its state and starts Raft, without
+    /// serving anything yet: call [`Node::serve`] next.
+    ///
+    /// The split lets services that need the node itself (the allocator API holds an
+    /// `Arc<Node>`) be built after the node exists and still share its one gRPC server. Until
+    /// `serve` runs, peers find this node unreachable, which Raft treats like a slow start.
+    ///
+    /// # Errors
+    /// As [`Node::start`].
+    pub async fn open(
+        config: NodeConfig,
+        clock: Arc<dyn Clock>,
+        channels: Arc<dyn ChannelFactory>,
+    ) -> Result<Self, NodeError> {
         let raft_config = Config {
             cluster_name: config.cluster_name.clone(),
             heartbeat_interval: config.timings.heartbeat_ms,
@@ -205,17 +240,6 @@ impl<A: App> Node<A> {
         .await
         .map_err(|e| NodeError::Fatal(e.to_string()))?;
 
-        let (stop_tx, stop_rx) = oneshot::channel::<()>();
-        let service = RaftServiceHandler::new(raft.clone()).into_service();
-        let server = tokio::spawn(
-            tonic::transport::Server::builder()
-                .add_service(service)
-                .serve_with_incoming_shutdown(incoming, async {
-                    // A dropped sender (node dropped without shutdown) also stops the server.
-                    let _ = stop_rx.await;
-                }),
-        );
-
         Ok(Self {
             id: config.id,
             addr: config.advertise_addr,
@@ -223,9 +247,45 @@ impl<A: App> Node<A> {
             state,
             clock,
             db,
-            server: Some(server),
-            server_stop: Some(stop_tx),
+            server: Mutex::new(None),
         })
+    }
+
+    /// Serves `allot.v1.RaftService` together with the services in `extra` on the connections
+    /// of `incoming`, on one gRPC server, until [`Node::shutdown`]. Peers' advertised addresses
+    /// are thereby also the addresses of the extra services (a leader hint names a usable
+    /// client address).
+    ///
+    /// A service in `extra` that holds an `Arc` of this node keeps it alive while the server
+    /// runs: stop such a node with [`Node::shutdown`], not by dropping it.
+    ///
+    /// # Errors
+    /// [`AlreadyServing`] when the node already serves.
+    pub fn serve<I, IO, IE>(&self, incoming: I, extra: Routes) -> Result<(), AlreadyServing>
+    where
+        I: Stream<Item = Result<IO, IE>> + Send + 'static,
+        IO: AsyncRead + AsyncWrite + Connected + Unpin + Send + 'static,
+        IE: Into<Box<dyn std::error::Error + Send + Sync>> + Send + 'static,
+    {
+        let mut slot = self.server.lock();
+        if slot.is_some() {
+            return Err(AlreadyServing);
+        }
+        let (stop_tx, stop_rx) = oneshot::channel::<()>();
+        let routes = extra.add_service(self.raft_service());
+        let task = tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_routes(routes)
+                .serve_with_incoming_shutdown(incoming, async {
+                    // A dropped sender (node dropped without shutdown) also stops the server.
+                    let _ = stop_rx.await;
+                }),
+        );
+        *slot = Some(Server {
+            task,
+            stop: stop_tx,
+        });
+        Ok(())
     }
 
     /// This node's id.
@@ -265,6 +325,18 @@ impl<A: App> Node<A> {
             .map(|n| n.addr.clone())
             .unwrap_or_default();
         Some((leader, addr))
+    }
+
+    /// Whether this node already belongs to a cluster: it has log entries, a snapshot or a vote
+    /// (so [`Node::initialize`] would be refused).
+    ///
+    /// # Errors
+    /// [`NodeError::Fatal`] when Raft stopped.
+    pub async fn is_initialized(&self) -> Result<bool, NodeError> {
+        self.raft
+            .is_initialized()
+            .await
+            .map_err(|e| NodeError::Fatal(e.to_string()))
     }
 
     /// Initialises a new cluster whose voters are `members` (id → address). Call on one node of
@@ -370,22 +442,26 @@ impl<A: App> Node<A> {
     }
 
     /// Stops Raft and the server, then flushes the database. Data stays on disk for a restart.
+    /// Call it once; a second call reports Raft as already stopped.
     ///
     /// # Errors
     /// [`NodeError::Fatal`] if Raft had already failed, [`NodeError::Server`] if the server
     /// ended with an error, [`NodeError::Flush`] if the final flush failed. The node is stopped
     /// in every case.
-    pub async fn shutdown(mut self) -> Result<(), NodeError> {
+    pub async fn shutdown(&self) -> Result<(), NodeError> {
+        // Raft first: proposals still waiting for a commit fail now instead of holding their
+        // gRPC calls (and with them the server's graceful drain) open.
         let raft_result = self.raft.shutdown().await;
-        if let Some(stop) = self.server_stop.take() {
-            let _ = stop.send(());
-        }
-        let server_result = match self.server.take() {
-            Some(server) => match server.await {
-                Ok(Ok(())) => Ok(()),
-                Ok(Err(e)) => Err(NodeError::Server(e.to_string())),
-                Err(e) => Err(NodeError::Server(e.to_string())),
-            },
+        let server = self.server.lock().take();
+        let server_result = match server {
+            Some(Server { task, stop }) => {
+                let _ = stop.send(());
+                match task.await {
+                    Ok(Ok(())) => Ok(()),
+                    Ok(Err(e)) => Err(NodeError::Server(e.to_string())),
+                    Err(e) => Err(NodeError::Server(e.to_string())),
+                }
+            }
             None => Ok(()),
         };
         self.db.flush_async().await.map_err(NodeError::Flush)?;
@@ -442,8 +518,8 @@ fn write_error(e: RaftError<NodeId, ClientWriteError<NodeId, BasicNode>>) -> Cli
 impl<A: App> Drop for Node<A> {
     fn drop(&mut self) {
         // Without an async drop, a node dropped without shutdown() at least stops serving.
-        if let Some(server) = self.server.take() {
-            server.abort();
+        if let Some(server) = self.server.lock().take() {
+            server.task.abort();
         }
     }
 }

@@ -1,0 +1,140 @@
+//! One complete allocator node as the `allot-allocator` binary runs it: the Raft [`Node`] over
+//! the [`Ledger`], the `allot.v1.Allocator` API on the same gRPC server as Raft, the leader's
+//! [`ticker`], and the [`policy_files`] installer. Tests and benchmarks start the same thing.
+
+pub mod config_file;
+pub mod policy_files;
+pub mod ticker;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+
+use crate::ledger::Ledger;
+use crate::raft::{Clock, LazyTcpChannels, Node, NodeConfig, NodeError, NodeId};
+use crate::service::AllocatorService;
+pub use policy_files::{load_policy_files, PolicyFile, PolicyFilesError};
+
+/// How to start a [`Daemon`].
+#[derive(Debug, Clone)]
+pub struct DaemonConfig {
+    /// The Raft node: id, advertised address, data directory, timings.
+    pub node: NodeConfig,
+    /// The cluster's voters (id → advertised "host:port"), this node included; used by `init`.
+    pub members: BTreeMap<NodeId, String>,
+    /// Initialise a new cluster of `members` when this node's log is empty.
+    pub init: bool,
+    /// Period of the leader's `Tick` proposals.
+    pub tick_every: Duration,
+    /// Policy documents to install when this node first leads (see
+    /// [`policy_files::spawn_installer`]).
+    pub policies: Vec<PolicyFile>,
+}
+
+/// Why a [`Daemon`] could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    /// The Raft node failed to open, serve or initialise.
+    #[error(transparent)]
+    Node(#[from] NodeError),
+    /// The configuration is inconsistent.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+}
+
+/// A running allocator node. Stop it with [`Daemon::shutdown`].
+pub struct Daemon {
+    node: Arc<Node<Ledger>>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Daemon {
+    /// Opens the node's storage, starts Raft, serves Raft and the allocator API on `listener`,
+    /// initialises the cluster if asked and the log is empty, and starts the ticker and the
+    /// policy installer. `clock` stamps proposals and status reads.
+    ///
+    /// # Errors
+    /// [`DaemonError::Config`] when `init` is set but this node is not among `members` or the
+    /// tick period is zero; [`DaemonError::Node`] when storage, Raft or the server fail.
+    pub async fn start(
+        config: DaemonConfig,
+        clock: Arc<dyn Clock>,
+        listener: TcpListener,
+    ) -> Result<Self, DaemonError> {
+        if config.tick_every.is_zero() {
+            return Err(DaemonError::Config("the tick period must be > 0".into()));
+        }
+        let id = config.node.id;
+        if config.init && !config.members.contains_key(&id) {
+            return Err(DaemonError::Config(format!(
+                "node {id} initialises the cluster but is not among its members"
+            )));
+        }
+        let node = Node::open(
+            config.node,
+            clock.clone(),
+            Arc::new(LazyTcpChannels::default()),
+        )
+        .await?;
+        let node = Arc::new(node);
+        let api = AllocatorService::new(node.clone(), clock);
+        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        // A node opened just above cannot be serving already; the check is the node's own.
+        if let Err(e) = node.serve(incoming, api.into_routes()) {
+            let _ = node.shutdown().await;
+            return Err(NodeError::Server(e.to_string()).into());
+        }
+
+        // Asked of Raft's own state: the metrics are published a moment after start and would
+        // still show an empty log on a restarted node.
+        let fresh = if config.init {
+            match node.is_initialized().await {
+                Ok(initialized) => !initialized,
+                Err(e) => {
+                    let _ = node.shutdown().await;
+                    return Err(e.into());
+                }
+            }
+        } else {
+            false
+        };
+        if fresh {
+            // Another member may have initialised the same cluster already; openraft accepts
+            // identical initialisations, and refuses others without harm.
+            match node.initialize(config.members.clone()).await {
+                Ok(()) => tracing::info!(members = ?config.members, "cluster initialised"),
+                Err(e) => tracing::warn!(error = %e, "cluster not initialised"),
+            }
+        } else if config.init {
+            tracing::info!("log is not empty: the cluster exists, --init ignored");
+        }
+
+        let tasks = vec![
+            ticker::spawn_ticker(node.clone(), config.tick_every),
+            policy_files::spawn_installer(node.clone(), config.policies),
+        ];
+        Ok(Self { node, tasks })
+    }
+
+    /// The Raft node (metrics, local state, proposals).
+    pub fn node(&self) -> &Arc<Node<Ledger>> {
+        &self.node
+    }
+
+    /// Stops the background tasks, Raft and the server, then flushes the database.
+    ///
+    /// # Errors
+    /// As [`Node::shutdown`].
+    pub async fn shutdown(self) -> Result<(), NodeError> {
+        for task in &self.tasks {
+            task.abort();
+        }
+        for task in self.tasks {
+            let _ = task.await;
+        }
+        self.node.shutdown().await
+    }
+}

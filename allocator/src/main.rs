@@ -1,0 +1,224 @@
+//! `allot-allocator`: one node of the Allot allocator cluster.
+//!
+//! Serves the Raft transport and the `allot.v1.Allocator` API on one gRPC address. Settings
+//! come from an optional YAML file (`--config`, see [`allot_allocator::daemon::config_file`]),
+//! overridden by flags. Logs go to stderr (`RUST_LOG` filters them). SIGINT or SIGTERM stop the
+//! node gracefully: Raft stops, the server drains, and sled is flushed.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use allot_allocator::daemon::config_file::FileConfig;
+use allot_allocator::daemon::{load_policy_files, Daemon, DaemonConfig};
+use allot_allocator::raft::{NodeConfig, RaftTimings, SystemClock};
+use anyhow::{bail, Context, Result};
+use clap::Parser;
+use tracing_subscriber::EnvFilter;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "allot-allocator",
+    version,
+    about = "One node of the Allot allocator cluster"
+)]
+struct Cli {
+    /// YAML configuration file; flags override its fields.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// This node's Raft id (unique, stable across restarts).
+    #[arg(long)]
+    node_id: Option<u64>,
+    /// Address to bind, "host:port" [default: 127.0.0.1:7701].
+    #[arg(long)]
+    listen: Option<String>,
+    /// Address peers and clients use, "host:port" [default: the listen address].
+    #[arg(long)]
+    advertise: Option<String>,
+    /// Directory of the node's sled database [default: ./data/node-<id>].
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// Cluster name [default: allot].
+    #[arg(long)]
+    cluster_name: Option<String>,
+    /// A voter of the cluster, ID=HOST:PORT; repeat for each (this node included).
+    #[arg(long = "peer", value_parser = parse_peer)]
+    peers: Vec<(u64, String)>,
+    /// Folder (or file) of policy YAML documents, installed (when changed) the first time this
+    /// node leads after it starts.
+    #[arg(long)]
+    policies: Option<PathBuf>,
+    /// Initialise a new cluster of the listed peers if this node's log is empty.
+    #[arg(long)]
+    init: bool,
+    /// Period of the leader's tick, ms [default: 250].
+    #[arg(long)]
+    tick_ms: Option<u64>,
+    /// Raft heartbeat period, ms [default: 150].
+    #[arg(long)]
+    heartbeat_ms: Option<u64>,
+    /// Lower bound of the Raft election timeout, ms [default: 750].
+    #[arg(long)]
+    election_timeout_min_ms: Option<u64>,
+    /// Upper bound of the Raft election timeout, ms [default: 1500].
+    #[arg(long)]
+    election_timeout_max_ms: Option<u64>,
+    /// Build a snapshot after this many log entries [default: 5000].
+    #[arg(long)]
+    snapshot_every_logs: Option<u64>,
+}
+
+fn parse_peer(s: &str) -> Result<(u64, String), String> {
+    let (id, addr) = s
+        .split_once('=')
+        .ok_or_else(|| format!("expected ID=HOST:PORT, got {s:?}"))?;
+    let id = id
+        .trim()
+        .parse::<u64>()
+        .map_err(|e| format!("bad node id {id:?}: {e}"))?;
+    let addr = addr.trim();
+    if addr.is_empty() {
+        return Err(format!("node {id} has no address"));
+    }
+    Ok((id, addr.to_string()))
+}
+
+/// File settings overridden by flags, with defaults filled in.
+fn resolve(cli: Cli) -> Result<(DaemonConfig, String)> {
+    let file = match &cli.config {
+        Some(path) => FileConfig::load(path)?,
+        None => FileConfig::default(),
+    };
+    let id = cli
+        .node_id
+        .or(file.node_id)
+        .context("a node id is required (--node-id or node_id in the config file)")?;
+    let listen = cli
+        .listen
+        .or(file.listen)
+        .unwrap_or_else(|| "127.0.0.1:7701".into());
+    let advertise = cli.advertise.or(file.advertise).unwrap_or(listen.clone());
+    // Peers and clients dial the advertised address (leader hints carry it): a wildcard bind
+    // address cannot be dialled.
+    if let Ok(sa) = advertise.parse::<std::net::SocketAddr>() {
+        if sa.ip().is_unspecified() {
+            bail!("advertise address {advertise} is a wildcard; set --advertise to a reachable host:port");
+        }
+    }
+    let data_dir = cli
+        .data_dir
+        .or(file.data_dir)
+        .unwrap_or_else(|| PathBuf::from(format!("data/node-{id}")));
+    let mut members: BTreeMap<u64, String> = file.peers;
+    for (pid, addr) in cli.peers {
+        members.insert(pid, addr);
+    }
+    if let Some(own) = members.get(&id) {
+        if *own != advertise {
+            bail!("peer {id} is listed at {own}, but this node advertises {advertise}");
+        }
+    } else if !members.is_empty() {
+        members.insert(id, advertise.clone());
+    }
+    if cli.init && members.is_empty() {
+        members.insert(id, advertise.clone());
+    }
+    let defaults = RaftTimings::default();
+    let t = file.raft;
+    let timings = RaftTimings {
+        heartbeat_ms: cli
+            .heartbeat_ms
+            .or(t.heartbeat_ms)
+            .unwrap_or(defaults.heartbeat_ms),
+        election_timeout_min_ms: cli
+            .election_timeout_min_ms
+            .or(t.election_timeout_min_ms)
+            .unwrap_or(defaults.election_timeout_min_ms),
+        election_timeout_max_ms: cli
+            .election_timeout_max_ms
+            .or(t.election_timeout_max_ms)
+            .unwrap_or(defaults.election_timeout_max_ms),
+        snapshot_every_logs: cli
+            .snapshot_every_logs
+            .or(t.snapshot_every_logs)
+            .unwrap_or(defaults.snapshot_every_logs),
+        logs_kept_after_snapshot: t
+            .logs_kept_after_snapshot
+            .unwrap_or(defaults.logs_kept_after_snapshot),
+    };
+    let policies = match cli.policies.or(file.policies) {
+        Some(dir) => load_policy_files(&dir)?,
+        None => Vec::new(),
+    };
+    let config = DaemonConfig {
+        node: NodeConfig {
+            id,
+            advertise_addr: advertise,
+            data_dir,
+            cluster_name: cli
+                .cluster_name
+                .or(file.cluster_name)
+                .unwrap_or_else(|| "allot".into()),
+            timings,
+        },
+        members,
+        init: cli.init,
+        tick_every: Duration::from_millis(cli.tick_ms.or(file.tick_ms).unwrap_or(250)),
+        policies,
+    };
+    Ok((config, listen))
+}
+
+/// Resolves on the first SIGINT or SIGTERM.
+async fn stop_signal() -> Result<()> {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("cannot listen for SIGTERM")?;
+    tokio::select! {
+        r = tokio::signal::ctrl_c() => r.context("cannot listen for SIGINT")?,
+        _ = term.recv() => {}
+    }
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    match run().await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // One line with the whole cause chain; no backtrace for an operator's mistake.
+            eprintln!("allot-allocator: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run() -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_env_filter(
+            EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| EnvFilter::new("info,openraft=warn")),
+        )
+        .init();
+    let (config, listen) = resolve(Cli::parse())?;
+    let listener = tokio::net::TcpListener::bind(&listen)
+        .await
+        .with_context(|| format!("cannot listen on {listen}"))?;
+    tracing::info!(
+        node = config.node.id,
+        %listen,
+        advertise = %config.node.advertise_addr,
+        data_dir = %config.node.data_dir.display(),
+        policies = config.policies.len(),
+        "starting"
+    );
+    let daemon = Daemon::start(config, Arc::new(SystemClock), listener).await?;
+    stop_signal().await?;
+    tracing::info!("stopping");
+    daemon.shutdown().await?;
+    tracing::info!("stopped; data flushed");
+    Ok(())
+}

@@ -1,0 +1,241 @@
+//! Human-readable and JSON renderings of the allocator's answers. Token quantities arrive in
+//! microtokens; the text shows tokens with their fraction, the JSON keeps raw microtokens.
+
+use allot_proto::allot::v1 as pb;
+use prost::Message;
+use serde_json::{json, Value};
+use tonic::Status;
+
+/// Microtokens per token.
+const MICROS_PER_TOKEN: u64 = 1_000_000;
+
+/// Microtokens as tokens with the fraction kept exactly and trailing zeros dropped:
+/// 1_500_000 → "1.5", 4_000_000 → "4", 1 → "0.000001".
+pub fn tokens(micros: u64) -> String {
+    let whole = micros / MICROS_PER_TOKEN;
+    let frac = micros % MICROS_PER_TOKEN;
+    if frac == 0 {
+        return whole.to_string();
+    }
+    let digits = format!("{frac:06}");
+    format!("{whole}.{}", digits.trim_end_matches('0'))
+}
+
+/// An error from the allocator: its gRPC code and message, and where the leader is when a
+/// follower named it.
+pub fn status_error(s: &Status) -> String {
+    let mut out = format!("{:?}: {}", s.code(), s.message());
+    if s.code() == tonic::Code::FailedPrecondition && !s.details().is_empty() {
+        if let Ok(h) = pb::LeaderHint::decode(s.details()) {
+            let id = h.leader_id.map_or("unknown".into(), |i| i.to_string());
+            let addr = if h.leader_addr.is_empty() {
+                "unknown address".to_string()
+            } else {
+                h.leader_addr
+            };
+            out.push_str(&format!("\nleader hint: node {id} at {addr}"));
+        }
+    }
+    out
+}
+
+/// A key's status as a table.
+pub fn key_status_text(s: &pb::StatusResponse) -> String {
+    let key = s.key.as_ref().map_or(String::new(), |k| {
+        let entries: Vec<String> = k
+            .entries
+            .iter()
+            .map(|e| format!("{}={}", e.key, e.value))
+            .collect();
+        format!("{} {}", k.domain, entries.join(" "))
+    });
+    let mut rows = vec![[
+        "region".to_string(),
+        "live".into(),
+        "granted".into(),
+        "reported".into(),
+        "stranded".into(),
+        "overshoot bound".into(),
+    ]];
+    for r in &s.regions {
+        rows.push([
+            r.region.clone(),
+            r.live_allocations.to_string(),
+            tokens(r.granted),
+            tokens(r.reported),
+            tokens(r.stranded),
+            tokens(r.overshoot_bound),
+        ]);
+    }
+    let mut widths = [0usize; 6];
+    for row in &rows {
+        for (w, c) in widths.iter_mut().zip(row) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    let mut out = format!(
+        "key {key}: policy version {}, global bucket {} tokens\n",
+        s.policy_version,
+        tokens(s.bucket_tokens)
+    );
+    for row in rows {
+        let cells: Vec<String> = row
+            .iter()
+            .zip(widths)
+            .enumerate()
+            .map(|(i, (c, w))| {
+                if i == 0 {
+                    format!("{c:<w$}")
+                } else {
+                    format!("{c:>w$}")
+                }
+            })
+            .collect();
+        out.push_str(cells.join("  ").trim_end());
+        out.push('\n');
+    }
+    out.push_str("(tokens; live, granted, reported and the overshoot bound cover live allocations; stranded is cumulative)\n");
+    out
+}
+
+/// A key's status as JSON, quantities in raw microtokens.
+pub fn key_status_json(s: &pb::StatusResponse) -> Value {
+    let key = s.key.as_ref().map(|k| {
+        json!({
+            "domain": k.domain,
+            "entries": k.entries.iter().map(|e| json!({"key": e.key, "value": e.value})).collect::<Vec<_>>(),
+        })
+    });
+    json!({
+        "key": key,
+        "policy_version": s.policy_version,
+        "bucket_tokens_micros": s.bucket_tokens,
+        "regions": s.regions.iter().map(|r| json!({
+            "region": r.region,
+            "live_allocations": r.live_allocations,
+            "granted_micros": r.granted,
+            "reported_micros": r.reported,
+            "stranded_micros": r.stranded,
+            "overshoot_bound_micros": r.overshoot_bound,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+fn members(ms: &[pb::Member]) -> Vec<Value> {
+    ms.iter()
+        .map(|m| json!({"node_id": m.node_id, "addr": m.addr}))
+        .collect()
+}
+
+/// Raft state as seen by one node, as text.
+pub fn cluster_status_text(c: &pb::ClusterStatusResponse) -> String {
+    let list = |ms: &[pb::Member]| {
+        if ms.is_empty() {
+            "-".to_string()
+        } else {
+            ms.iter()
+                .map(|m| format!("{}={}", m.node_id, m.addr))
+                .collect::<Vec<_>>()
+                .join(", ")
+        }
+    };
+    let opt = |v: Option<u64>| v.map_or("-".to_string(), |v| v.to_string());
+    format!(
+        "node {}: {} in term {}\nleader: {}\nvoters: {}\nlearners: {}\nlast log index: {}, last applied: {}\n",
+        c.node_id,
+        c.state,
+        c.current_term,
+        match c.leader_id {
+            Some(id) if c.leader_addr.is_empty() => format!("node {id}"),
+            Some(id) => format!("node {id} at {}", c.leader_addr),
+            None => "unknown".into(),
+        },
+        list(&c.voters),
+        list(&c.learners),
+        opt(c.last_log_index),
+        opt(c.last_applied_index),
+    )
+}
+
+/// Raft state as seen by one node, as JSON.
+pub fn cluster_status_json(c: &pb::ClusterStatusResponse) -> Value {
+    json!({
+        "node_id": c.node_id,
+        "state": c.state,
+        "current_term": c.current_term,
+        "leader_id": c.leader_id,
+        "leader_addr": c.leader_addr,
+        "voters": members(&c.voters),
+        "learners": members(&c.learners),
+        "last_log_index": c.last_log_index,
+        "last_applied_index": c.last_applied_index,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_keep_exact_fractions() {
+        assert_eq!(tokens(0), "0");
+        assert_eq!(tokens(4_000_000), "4");
+        assert_eq!(tokens(1_500_000), "1.5");
+        assert_eq!(tokens(1), "0.000001");
+        assert_eq!(tokens(12_345_678), "12.345678");
+        assert_eq!(tokens(u64::MAX), "18446744073709.551615");
+    }
+
+    #[test]
+    fn leader_hint_is_shown() {
+        let hint = pb::LeaderHint {
+            leader_id: Some(2),
+            leader_addr: "127.0.0.1:7702".into(),
+        };
+        let s = Status::with_details(
+            tonic::Code::FailedPrecondition,
+            "not the leader",
+            hint.encode_to_vec().into(),
+        );
+        let text = status_error(&s);
+        assert!(
+            text.starts_with("FailedPrecondition: not the leader"),
+            "{text}"
+        );
+        assert!(text.contains("node 2 at 127.0.0.1:7702"), "{text}");
+        let plain = status_error(&Status::not_found("no allocation 7"));
+        assert_eq!(plain, "NotFound: no allocation 7");
+    }
+
+    #[test]
+    fn status_table_shows_tokens() {
+        let s = pb::StatusResponse {
+            key: Some(pb::PolicyKey {
+                domain: "api".into(),
+                entries: vec![pb::DescriptorEntry {
+                    key: "tenant".into(),
+                    value: "acme".into(),
+                }],
+            }),
+            policy_version: 3,
+            bucket_tokens: 46_500_000,
+            regions: vec![pb::RegionStatus {
+                region: "eu-west".into(),
+                live_allocations: 2,
+                granted: 8_000_000,
+                reported: 2_250_000,
+                stranded: 0,
+                overshoot_bound: 5_750_000,
+            }],
+        };
+        let t = key_status_text(&s);
+        assert!(
+            t.contains("key api tenant=acme: policy version 3, global bucket 46.5 tokens"),
+            "{t}"
+        );
+        assert!(t.contains("eu-west"), "{t}");
+        assert!(t.contains("5.75"), "{t}");
+        let j = key_status_json(&s);
+        assert_eq!(j["regions"][0]["overshoot_bound_micros"], 5_750_000);
+    }
+}
