@@ -437,16 +437,25 @@ async fn skew(
     let per_s = (Duration::from_secs(1).as_nanos() / width.as_nanos()) as usize;
     let first = (set_at.duration_since(t0).as_nanos() / width.as_nanos()) as usize;
     let n = eu_slots.ok.len();
-    let mut reached: Option<f64> = None;
+    // The last full window ends with the load (the final slot is partial).
+    let last = (total.as_nanos() / width.as_nanos()) as usize;
+    let windows = last.saturating_sub(per_s);
+    let eu_rate = |i: usize| -> u64 { (i..i + per_s).map(|j| eu_slots.ok_at(j)).sum() };
     let mut max_global = 0u64;
-    for i in 0..n.saturating_sub(per_s) {
-        let eu_rate: u64 = (i..i + per_s).map(|j| eu_slots.ok_at(j)).sum();
+    for i in 0..=windows {
         let us_rate: u64 = (i..i + per_s).map(|j| us_slots.ok_at(j)).sum();
-        max_global = max_global.max(eu_rate + us_rate);
-        if i >= first && reached.is_none() && eu_rate >= 640 {
-            reached = Some(((i + per_s) - first) as f64 * width.as_secs_f64());
-        }
+        max_global = max_global.max(eu_rate(i) + us_rate);
     }
+    // Sustained, not a one-off: the first window after which every 1 s window stays ≥ 640/s
+    // (the capacity a raised share adds at once could lift a single window on its own).
+    let mut reached: Option<f64> = None;
+    for i in (first..=windows).rev() {
+        if eu_rate(i) < 640 {
+            break;
+        }
+        reached = Some(((i + per_s) - first) as f64 * width.as_secs_f64());
+    }
+    let tail = eu_rate(windows);
     let (b, _) = bound(d, "search", &search_entries()).await?;
     rows.push(Row {
         part: "c".into(),
@@ -454,18 +463,22 @@ async fn skew(
             .into(),
         allowed: "eu-west ≥ 640/s once the handoff completes".into(),
         measured: match reached {
-            Some(s) => format!("≥ 640/s after {s:.2} s"),
-            None => format!("not reached in {} s", t.skew_timeout_s),
+            Some(s) => format!("≥ 640/s from {s:.2} s on (last 1 s: {tail}/s)"),
+            None => format!(
+                "not sustained in {} s (last 1 s: {tail}/s)",
+                t.skew_timeout_s
+            ),
         },
         within: reached.is_some(),
     });
     rows.push(Row {
         part: "c".into(),
         what: "  global admitted rate, worst 1 s window".into(),
-        allowed: format!("≤ 1000/s + bound ({b:.0})"),
+        allowed: format!("≤ 1000/s (+ burst 1000 + bound {b:.0})"),
         measured: format!("{max_global}/s"),
         within: max_global as f64 <= 1000.0 + 1000.0 + b,
     });
+    fig.insert("c_eu_last_second".into(), tail.into());
     fig.insert(
         "c_seconds_to_640".into(),
         reached.map_or(serde_json::Value::Null, Into::into),

@@ -157,6 +157,19 @@ impl Ledger {
         let fair = fair_part(pool, &wants, me);
 
         let mut grant = a.want.min(rule.lease.max_grant).min(fair).min(pool);
+        // Tokens are indivisible: when the fair part is below one whole token (the pool holds
+        // fewer whole tokens than holders ask), the asker gets one whole token if the pool has
+        // it, as max-min division of indivisible units gives some holders the part rounded up.
+        // Rounding it down to nothing instead left the pool's last tokens to nobody for as
+        // long as the holders kept asking, each denial saying "retry in 1 ms" (the bucket did
+        // hold the tokens): an Acquire storm through Raft that admitted nothing.
+        if grant < MICROS_PER_TOKEN
+            && a.want >= MICROS_PER_TOKEN
+            && rule.lease.max_grant >= MICROS_PER_TOKEN
+            && pool >= MICROS_PER_TOKEN
+        {
+            grant = MICROS_PER_TOKEN;
+        }
         if grant >= MICROS_PER_TOKEN {
             // Agents spend whole tokens; a fraction would sit unused.
             grant -= grant % MICROS_PER_TOKEN;

@@ -359,9 +359,36 @@ fn scarce_quota_is_divided_fairly_not_first_come() {
         });
     }
     // gw0: min(20 max grant, 40) = 20; gw1: fair half of 20 = 10; gw2: a third of 10 → 3; …
-    // and gw5's part (5/6 of a token) is no whole token: denied rather than stranded.
-    assert_eq!(grants, vec![20 * T, 10 * T, 3 * T, 1 * T, 1 * T, 0]);
+    // and gw5's part (5/6 of a token) rounds up to one whole token while the pool has one:
+    // rounded down to nothing, the last tokens would go to nobody while all six keep asking.
+    assert_eq!(grants, vec![20 * T, 10 * T, 3 * T, 1 * T, 1 * T, 1 * T]);
     assert!(grants.iter().sum::<u64>() <= 40 * T);
+}
+
+#[test]
+fn the_last_whole_tokens_go_to_a_holder_while_several_ask() {
+    let mut l = ledger(ACME);
+    // Burst 40, grants of at most 20: one holder alone takes 20, then 19; one token is left.
+    assert_eq!(
+        granted(&acquire(&mut l, T0, "eu", "gw0", 20 * T, "a0")).granted,
+        20 * T
+    );
+    assert_eq!(
+        granted(&acquire(&mut l, T0, "eu", "gw0", 19 * T, "a1")).granted,
+        19 * T
+    );
+    // A second holder asks while the first still does: the fair part of one token between two
+    // holders is half a token, no whole token. It gets the token (rounded down to nothing, the
+    // token went to nobody while both kept asking, each denial saying "retry in 1 ms").
+    assert_eq!(
+        granted(&acquire(&mut l, T0, "eu", "gw1", 20 * T, "b0")).granted,
+        T
+    );
+    // Now the pool is empty: the denial names the bucket's refill time (one token at 10/s).
+    match acquire(&mut l, T0, "eu", "gw0", 20 * T, "a2") {
+        Response::Denied(d) => assert_eq!(d.retry_after_ms, 100),
+        other => panic!("expected a denial, got {other:?}"),
+    }
 }
 
 #[test]
