@@ -46,7 +46,7 @@ echo
 echo "## 2. throughput ramp (local-scope policy, 5 s each)"
 for rate in 5000 10000 15000 20000 30000; do
   "$bin/allot-bench" rls --target 127.0.0.1:$gp --rate $rate --duration 5 --domain bench --entry tenant=local --json \
-    | python3 -c "import json,sys; r=json.load(sys.stdin)['target']; print(f\"offered {$rate}/s: answered {r['throughput']:.0f}/s, errors {r['errors']}, p50 {r['p50_us']} µs, p99 {r['p99_us']} µs\")"
+    | python3 -c "import json,sys; r=json.load(sys.stdin)['target']; print(f\"offered {$rate}/s: answered {r['throughput']:.0f}/s, errors {r['errors']}, from send p50 {r['svc_p50_us']} µs p99 {r['svc_p99_us']} µs, from schedule p99 {r['p99_us']} µs\")"
 done
 echo
 echo "## 3. allocator RPCs per 1000 admitted (leased policy, 2000 req/s, 20 s after a 3 s warm-up)"

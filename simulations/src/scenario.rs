@@ -436,7 +436,6 @@ async fn skew(
     // Rolling one-second eu-west rate after the handoff.
     let per_s = (Duration::from_secs(1).as_nanos() / width.as_nanos()) as usize;
     let first = (set_at.duration_since(t0).as_nanos() / width.as_nanos()) as usize;
-    let n = eu_slots.ok.len();
     // The last full window ends with the load (the final slot is partial).
     let last = (total.as_nanos() / width.as_nanos()) as usize;
     let windows = last.saturating_sub(per_s);

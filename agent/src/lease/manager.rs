@@ -178,14 +178,23 @@ async fn settle_key(book: &LeaseBook, link: &AllocatorLink, kl: &Arc<Keyed<KeyLe
         v.set_allocations(keep);
     }
     drop(_w);
-    // Prefetch when what is left will not last until the next pass.
+    // Prefetch when what is left will not last until the next pass, or when every allocation
+    // ends before the pass after next (tokens left at the deadline are of no use).
     let left = v.remaining(now);
+    let last_deadline = v
+        .allocations
+        .load()
+        .iter()
+        .map(|a| a.deadline)
+        .max()
+        .unwrap_or(0);
     let interval = ms(book.settings().report_interval_ms);
     let need_soon = (u128::from(v.demand_per_s.load(Ordering::Relaxed)) * u128::from(interval)
         / u128::from(NANOS_PER_SEC)) as u64;
     let watermark =
         (u128::from(v.max_grant) * u128::from(book.settings().low_watermark_pct) / 100) as u64;
-    if v.demand_per_s.load(Ordering::Relaxed) > 0 && left < need_soon.max(watermark) {
+    let ending = last_deadline.saturating_sub(now) < interval.saturating_mul(2);
+    if v.demand_per_s.load(Ordering::Relaxed) > 0 && (left < need_soon.max(watermark) || ending) {
         book.request_lease(kl, now);
     }
 }
