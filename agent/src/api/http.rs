@@ -419,6 +419,7 @@ pub fn status(g: &Gateway) -> Value {
             "rpc_errors": c.rpc_errors.load(Ordering::Relaxed),
             "emergency_admits": c.emergency_admits.load(Ordering::Relaxed),
             "failure_denials": c.failure_denials.load(Ordering::Relaxed),
+            "fuse_rejects": c.fuse_rejects.load(Ordering::Relaxed),
         },
     })
 }

@@ -71,6 +71,9 @@ pub struct KeyLease {
     /// Microtokens admitted from the emergency bucket while the allocator was unreachable.
     pub emergency_admitted: AtomicU64,
     emergency: Mutex<Option<TokenBucketState>>,
+    /// The rule's local fuse, when configured.
+    pub fuse: Option<TokenBucket>,
+    fuse_state: Mutex<Option<TokenBucketState>>,
     /// Last decision time, ns (idle eviction).
     pub last_used: AtomicU64,
 }
@@ -99,8 +102,8 @@ impl KeyLease {
 /// A reservation made by [`LeaseBook::reserve`], returned by [`LeaseBook::cancel`].
 #[derive(Debug)]
 pub enum LeaseReservation {
-    /// Spent from an allocation.
-    Allocation(Arc<HeldAllocation>, Micros),
+    /// Spent from an allocation; the key is given when its fuse was spent too.
+    Allocation(Arc<HeldAllocation>, Micros, Option<Arc<Keyed<KeyLease>>>),
     /// Admitted by the emergency bucket.
     Emergency(Arc<Keyed<KeyLease>>, Micros),
 }
@@ -126,6 +129,8 @@ pub struct LeaseCounters {
     pub failure_denials: AtomicU64,
     /// Decisions admitted from allocations.
     pub leased_admits: AtomicU64,
+    /// Decisions rejected by a rule's local fuse (no allocator work at all).
+    pub fuse_rejects: AtomicU64,
 }
 
 type Tables = HashMap<String, Vec<Option<Arc<ShardedTable<KeyLease>>>>>;
@@ -294,6 +299,21 @@ impl LeaseBook {
         // allocation that just landed. `answered` is stored after the allocation is installed,
         // so seeing it true here also means the allocation is visible in the load below.
         let cold = !v.answered.load(Ordering::Acquire);
+        // The fuse first: a flood is rejected here, before it can drain allocations or ask
+        // the allocator for more.
+        let fused = match (&v.fuse, take) {
+            (Some(f), true) => {
+                let mut g = v.fuse_state.lock();
+                let st = g.get_or_insert_with(|| f.initial_state(now));
+                let d = f.decide(st, now, cost);
+                if !d.allowed {
+                    self.counters.fuse_rejects.fetch_add(1, Ordering::Relaxed);
+                    return denied(v.remaining(now), d.retry_after, false);
+                }
+                Some(kl.clone())
+            }
+            _ => None,
+        };
         let allocs = v.allocations.load();
         if take {
             for a in allocs.iter() {
@@ -306,7 +326,7 @@ impl LeaseBook {
                     }
                     return GlobalDecision {
                         decision: allowed(remaining, v, now),
-                        reservation: Some(LeaseReservation::Allocation(a.clone(), cost)),
+                        reservation: Some(LeaseReservation::Allocation(a.clone(), cost, fused)),
                         cold: false,
                     };
                 }
@@ -318,6 +338,10 @@ impl LeaseBook {
                 reservation: None,
                 cold: false,
             };
+        }
+        if let Some(kl) = &fused {
+            // Not admitted after all: the fuse gets its token back.
+            self.refund_fuse(&kl.value, cost);
         }
         let remaining: Micros = allocs.iter().map(|a| a.remaining(now)).sum();
         // Nothing held covers it: ask for more (in the background) and decide without it.
@@ -388,6 +412,12 @@ impl LeaseBook {
         })
     }
 
+    fn refund_fuse(&self, v: &KeyLease, cost: Micros) {
+        if let (Some(f), Some(st)) = (&v.fuse, v.fuse_state.lock().as_mut()) {
+            f.refund(st, self.clock.now(), cost);
+        }
+    }
+
     fn low_watermark(&self, v: &KeyLease) -> Micros {
         (u128::from(v.max_grant) * u128::from(self.settings.low_watermark_pct) / 100) as u64
     }
@@ -434,6 +464,13 @@ fn new_key(key: &GlobalKey<'_>) -> KeyLease {
         alloc_write: tokio::sync::Mutex::new(()),
         emergency_admitted: AtomicU64::new(0),
         emergency: Mutex::new(None),
+        fuse: match key.rule.fuse {
+            Some(LimitParams::TokenBucket { capacity, rate }) => {
+                Some(TokenBucket { capacity, rate })
+            }
+            _ => None,
+        },
+        fuse_state: Mutex::new(None),
         last_used: AtomicU64::new(0),
     }
 }
@@ -524,7 +561,12 @@ impl GlobalLimits for LeaseBook {
 
     fn cancel(&self, r: LeaseReservation) {
         match r {
-            LeaseReservation::Allocation(a, cost) => a.unspend(cost),
+            LeaseReservation::Allocation(a, cost, fused) => {
+                a.unspend(cost);
+                if let Some(kl) = fused {
+                    self.refund_fuse(&kl.value, cost);
+                }
+            }
             LeaseReservation::Emergency(kl, cost) => {
                 kl.value
                     .emergency_admitted

@@ -26,6 +26,8 @@ descriptors:
         rate_limit: {unit: minute, requests_per_unit: 2, algorithm: fixed_window, scope: local}
   - key: fleet
     rate_limit: {unit: second, requests_per_unit: 100, burst: 100, failure_mode: emergency}
+  - key: flood
+    rate_limit: {unit: second, requests_per_unit: 100, burst: 100, fuse: {requests_per_unit: 1, burst: 2}}
 ";
 
 struct Rig {
@@ -244,4 +246,31 @@ fn refunds_return_unreported_spend_only() {
     r.enforcer.refund(&req, &[5 * T], r.clock_now()).unwrap();
     // Only the 2 tokens not yet reported can come back.
     assert_eq!(a.spent(), 4 * T);
+}
+
+#[test]
+fn the_fuse_rejects_floods_before_the_lease_path() {
+    let mut r = rig();
+    decide(&r, &[("flood", "f")], None);
+    assert!(matches!(r.events.try_recv(), Ok(LeaseEvent::Acquire(_))));
+    let a = install(&r, &[("flood", "f")], 3, 1, 50 * T, 5000);
+    // The first (cold) request took one fuse token and gave it back when it was denied.
+    let (c1, _, _) = decide(&r, &[("flood", "f")], None);
+    let (c2, _, _) = decide(&r, &[("flood", "f")], None);
+    let (c3, st, _) = decide(&r, &[("flood", "f")], None);
+    assert_eq!((c1, c2, c3), (Code::Ok, Code::Ok, Code::OverLimit));
+    // Rejected by the fuse (2 tokens, 1/s): 1 s until a token, nothing spent or asked for.
+    assert_eq!(st[0].retry_after, RetryAfter::After(1_000 * MS));
+    assert_eq!(a.spent(), 2 * T);
+    assert!(r.events.try_recv().is_err());
+    assert_eq!(
+        r.enforcer
+            .book()
+            .counters
+            .fuse_rejects
+            .load(Ordering::Relaxed),
+        1
+    );
+    r.clock.advance(1_000 * MS);
+    assert_eq!(decide(&r, &[("flood", "f")], None).0, Code::Ok);
 }

@@ -19,6 +19,7 @@
 //!           failure_mode: deny  # deny | emergency: what an agent does when its allocation runs out
 //!           max_keys: 100000    # distinct values kept at once; idle ones are evicted
 //!           max_in_flight: 50   # optional concurrency cap per key (agent only)
+//!           fuse: {requests_per_unit: 100, burst: 200}  # loose local flood fuse (agent only)
 //!           lease: {ttl_ms: 5000, max_grant: 20, max_drift_ms: 500}   # allocator leasing
 //!           quota: {limit: 20000000, period: month}                  # calendar budget (UTC)
 //!           regions: [{region: eu-west, share: "50%"}, {region: us-east, rate: 4}]
@@ -192,6 +193,10 @@ pub struct Rule {
     /// Concurrency cap per key (seed §25): requests in flight at once, released when the
     /// gateway reports the request done; `None` when not capped.
     pub max_in_flight: Option<u64>,
+    /// Local fuse (seed §19, §31 step 4): a loose token bucket an agent checks per key before
+    /// spending leased tokens, so floods are rejected without touching the allocator. Same unit
+    /// as the rule; `None` when not configured.
+    pub fuse: Option<LimitParams>,
     /// Calendar quota, when configured.
     pub quota: Option<CalendarQuota>,
     /// Lease settings for the allocator.

@@ -51,6 +51,7 @@ pub(crate) struct RawRateLimit {
     pub failure_mode: Option<Scalar>,
     pub max_keys: Option<Scalar>,
     pub max_in_flight: Option<Scalar>,
+    pub fuse: Option<RawFuse>,
     pub quota: Option<RawQuota>,
     pub lease: Option<RawLease>,
     pub regions: Option<Vec<RawRegion>>,
@@ -71,6 +72,14 @@ pub(crate) struct RawLease {
     pub ttl_ms: Option<Scalar>,
     pub max_grant: Option<Scalar>,
     pub max_drift_ms: Option<Scalar>,
+}
+
+/// `rate_limit.fuse`: a loose local bucket an agent checks before the lease path.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawFuse {
+    pub requests_per_unit: Option<Scalar>,
+    pub burst: Option<Scalar>,
 }
 
 /// One entry of `rate_limit.regions`.

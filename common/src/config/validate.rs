@@ -275,6 +275,41 @@ fn rule(
             unit_multiplier: mult,
         }
     };
+    let limit_period = match limit {
+        RuleLimit::Limited {
+            unit,
+            unit_multiplier,
+            ..
+        } => Some(unit.nanos() * unit_multiplier),
+        RuleLimit::Unlimited => None,
+    };
+    let fuse = match (&rl.fuse, limit_period) {
+        (None, _) => None,
+        (Some(_), None) => {
+            return Err(cx.invalid(
+                &f("fuse"),
+                None,
+                "needs a limited rate_limit (unit and requests_per_unit)",
+            ))
+        }
+        (Some(fz), Some(period)) => {
+            let fp = f("fuse");
+            let rpu = cx
+                .positive(
+                    &format!("{fp}.requests_per_unit"),
+                    fz.requests_per_unit.as_ref(),
+                    MAX_TOKENS,
+                )?
+                .ok_or_else(|| {
+                    cx.invalid(&format!("{fp}.requests_per_unit"), None, "is required")
+                })?;
+            let burst = cx.positive(&format!("{fp}.burst"), fz.burst.as_ref(), MAX_TOKENS)?;
+            Some(
+                LimitParams::new(AlgorithmKind::TokenBucket, rpu, period, burst)
+                    .map_err(|e| cx.invalid(&fp, None, e.to_string()))?,
+            )
+        }
+    };
     let capacity = match limit {
         RuleLimit::Limited { params, .. } => params.capacity(),
         RuleLimit::Unlimited => 0,
@@ -398,6 +433,7 @@ fn rule(
     }
     Ok(Rule {
         max_in_flight,
+        fuse,
         quota,
         lease,
         regions,
