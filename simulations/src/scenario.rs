@@ -141,6 +141,15 @@ async fn bound(d: &Deployment, domain: &str, entries: &[(String, String)]) -> Re
     }
 }
 
+/// RLS addresses of the agents in `regions`.
+fn rls_of(d: &Deployment, regions: &[&str]) -> Vec<String> {
+    d.agents
+        .iter()
+        .filter(|a| regions.contains(&a.region.as_str()))
+        .map(|a| a.rls.clone())
+        .collect()
+}
+
 /// Counts of one paced load, per time slot.
 struct Slots {
     width: Duration,
@@ -218,15 +227,11 @@ async fn burst(
     rows: &mut Vec<Row>,
     fig: &mut serde_json::Map<String, serde_json::Value>,
 ) -> Result<()> {
-    let agents: Vec<&crate::local::AgentProc> = d
-        .agents
+    let agents = rls_of(d, &["eu-west", "us-east"]);
+    let clients = agents
         .iter()
-        .filter(|a| a.region == "eu-west" || a.region == "us-east")
-        .collect();
-    let mut clients = Vec::new();
-    for a in &agents {
-        clients.push(client(&a.rls)?);
-    }
+        .map(|a| client(a))
+        .collect::<Result<Vec<_>>>()?;
     let via_envoy = !d.gateways.is_empty();
     let http = reqwest::Client::builder()
         .timeout(Duration::from_secs(5))
@@ -297,12 +302,7 @@ async fn sustained(
     rows: &mut Vec<Row>,
     fig: &mut serde_json::Map<String, serde_json::Value>,
 ) -> Result<()> {
-    let agents: Vec<String> = d
-        .agents
-        .iter()
-        .filter(|a| a.region == "eu-west" || a.region == "us-east")
-        .map(|a| a.rls.clone())
-        .collect();
+    let agents = rls_of(d, &["eu-west", "us-east"]);
     let dur = Duration::from_secs(t.sustained_s);
     let slots = Slots::new(Duration::from_secs(1), dur);
     let t0 = Instant::now() + Duration::from_millis(50);
@@ -368,18 +368,8 @@ async fn skew(
     rows: &mut Vec<Row>,
     fig: &mut serde_json::Map<String, serde_json::Value>,
 ) -> Result<()> {
-    let eu: Vec<String> = d
-        .agents
-        .iter()
-        .filter(|a| a.region == "eu-west")
-        .map(|a| a.rls.clone())
-        .collect();
-    let us: Vec<String> = d
-        .agents
-        .iter()
-        .filter(|a| a.region == "us-east")
-        .map(|a| a.rls.clone())
-        .collect();
+    let eu = rls_of(d, &["eu-west"]);
+    let us = rls_of(d, &["us-east"]);
     let baseline = Duration::from_secs(4);
     let total = baseline + Duration::from_secs(t.skew_timeout_s);
     let width = Duration::from_millis(250);
@@ -492,12 +482,7 @@ async fn failover(
     rows: &mut Vec<Row>,
     fig: &mut serde_json::Map<String, serde_json::Value>,
 ) -> Result<()> {
-    let agents: Vec<String> = d
-        .agents
-        .iter()
-        .filter(|a| a.region == "eu-west" || a.region == "us-east")
-        .map(|a| a.rls.clone())
-        .collect();
+    let agents = rls_of(d, &["eu-west", "us-east"]);
     let before = Duration::from_secs(2);
     let total = before + Duration::from_secs(t.failover_s);
     let width = Duration::from_millis(100);

@@ -15,7 +15,7 @@ use super::{
 };
 use crate::inflight::InFlightError;
 use crate::metrics::allocations_held;
-use allot_common::descriptor::Request;
+use allot_common::descriptor::{Entry, Request};
 use allot_common::units::{Micros, MICROS_PER_TOKEN, NANOS_PER_MILLI};
 use allot_proto::allot::v1 as pb;
 use axum::body::Bytes;
@@ -265,19 +265,29 @@ fn decided(v: &Verdict, extra: Option<Value>) -> Response {
     with_headers(resp, v)
 }
 
+/// The cost (as field `cost_field`) and borrowed entries of a check or reserve body; an invalid
+/// one is counted and answered with 400.
+fn read_wire<'b>(
+    g: &Gateway,
+    b: &'b CheckBody,
+    cost_field: &str,
+) -> Result<(Option<u64>, Vec<Entry<'b>>), Response> {
+    request_cost(cost_field, b.cost.unwrap_or(0))
+        .and_then(|hits| Ok((hits, borrow_entries(&b.descriptors)?)))
+        .map_err(|e| {
+            g.count_invalid();
+            error_response(&e)
+        })
+}
+
 async fn check(State(g): State<Arc<Gateway>>, body: Bytes) -> Response {
     let b: CheckBody = match parse(&g, &body) {
         Ok(b) => b,
         Err(r) => return r,
     };
-    let read = request_cost("cost", b.cost.unwrap_or(0))
-        .and_then(|hits| Ok((hits, borrow_entries(&b.descriptors)?)));
-    let (hits, entries) = match read {
+    let (hits, entries) = match read_wire(&g, &b, "cost") {
         Ok(x) => x,
-        Err(e) => {
-            g.count_invalid();
-            return error_response(&e);
-        }
+        Err(r) => return r,
     };
     let descriptors = borrow_descriptors(&b.descriptors, &entries);
     let req = Request {
@@ -296,14 +306,9 @@ async fn reserve(State(g): State<Arc<Gateway>>, body: Bytes) -> Response {
         Ok(b) => b,
         Err(r) => return r,
     };
-    let read = request_cost("max_cost", b.cost.unwrap_or(0))
-        .and_then(|hits| Ok((hits, borrow_entries(&b.descriptors)?)));
-    let (hits, entries) = match read {
+    let (hits, entries) = match read_wire(&g, &b, "max_cost") {
         Ok(x) => x,
-        Err(e) => {
-            g.count_invalid();
-            return error_response(&e);
-        }
+        Err(r) => return r,
     };
     let descriptors = borrow_descriptors(&b.descriptors, &entries);
     let req = Request {
