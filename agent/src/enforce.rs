@@ -4,7 +4,7 @@
 //! `scope: global` rules spend the key's allocations ([`LeaseBook`]). The only wait on the
 //! network is a key's first allocation (cold), bounded by `cold_wait_ms` and counted.
 
-use crate::lease::{LeaseBook, LeaseSettings};
+use crate::lease::{LeaseBook, LeaseSettings, LeaseTables, LeaseView};
 use crate::slots::{SlotOutcome, Slots};
 use allot_common::clock::Clock;
 use allot_common::concurrency::Permit;
@@ -13,7 +13,9 @@ use allot_common::descriptor::{Request, RequestError, MAX_DESCRIPTORS};
 use allot_common::limiter::{Code, DescriptorStatus, Limiter, Outcome, Reason, Snapshot};
 use allot_common::units::{tokens_to_micros, Micros};
 use allot_common::RetryAfter;
+use arc_swap::ArcSwap;
 use arrayvec::ArrayVec;
+use parking_lot::Mutex;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,6 +26,17 @@ pub struct Enforcer {
     book: Arc<LeaseBook>,
     clock: Arc<dyn Clock>,
     slots: Slots,
+    /// The snapshot decisions use with the lease tables built from it: one load per decision,
+    /// and a decision never pairs one config version's rules with another's tables.
+    current: ArcSwap<Current>,
+    /// Serialises [`Enforcer::apply`], so the pair stored last is the newest.
+    applying: Mutex<()>,
+}
+
+/// A config snapshot and the lease tables built from it.
+struct Current {
+    snapshot: Arc<Snapshot>,
+    leases: Arc<LeaseTables>,
 }
 
 impl std::fmt::Debug for Enforcer {
@@ -37,23 +50,28 @@ impl Enforcer {
     pub fn new(config: ConfigSet, book: Arc<LeaseBook>) -> Self {
         let clock = book.clock().clone();
         let limiter = Limiter::new(config, clock.now());
-        book.apply(&limiter.snapshot());
+        let snapshot = limiter.snapshot();
+        let leases = book.apply(&snapshot);
         let slots = Slots::default();
-        slots.apply(&limiter.snapshot());
+        slots.apply(&snapshot);
         Enforcer {
             limiter,
             book,
             clock,
             slots,
+            current: ArcSwap::from_pointee(Current { snapshot, leases }),
+            applying: Mutex::new(()),
         }
     }
 
     /// Makes `config` current (seed §28); returns its version.
     pub fn apply(&self, config: ConfigSet) -> u64 {
+        let _one_at_a_time = self.applying.lock();
         let v = self.limiter.apply(config, self.clock.now());
-        let snap = self.limiter.snapshot();
-        self.book.apply(&snap);
-        self.slots.apply(&snap);
+        let snapshot = self.limiter.snapshot();
+        let leases = self.book.apply(&snapshot);
+        self.slots.apply(&snapshot);
+        self.current.store(Arc::new(Current { snapshot, leases }));
         v
     }
 
@@ -91,8 +109,11 @@ impl Enforcer {
         req: &Request<'_>,
         statuses: &mut Vec<DescriptorStatus>,
     ) -> Result<Outcome, RequestError> {
-        self.limiter
-            .decide_with(req, self.clock.now(), statuses, self.book.as_ref())
+        let current = self.current.load();
+        let leases = LeaseView::new(&self.book, &current.leases);
+        current
+            .snapshot
+            .decide_with(req, self.clock.now(), statuses, &leases)
     }
 
     /// Gives back `unused[i]` microtokens of descriptor `i` of an admitted request that was
@@ -107,13 +128,11 @@ impl Enforcer {
         unused: &[allot_common::units::Micros],
         spent_at: allot_common::units::Nanos,
     ) -> Result<(), RequestError> {
-        self.limiter.refund(
-            req,
-            unused,
-            spent_at,
-            self.clock.now(),
-            Some(self.book.as_ref()),
-        )
+        let current = self.current.load();
+        let leases = LeaseView::new(&self.book, &current.leases);
+        current
+            .snapshot
+            .refund(req, unused, spent_at, self.clock.now(), Some(&leases))
     }
 
     /// Decides `req`. When a leased descriptor's key has no allocation yet, waits (at most

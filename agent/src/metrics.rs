@@ -294,7 +294,7 @@ impl Metrics {
 pub fn allocations_held(book: &LeaseBook) -> u64 {
     let mut n = 0u64;
     for t in book.tables() {
-        t.for_each(|k| n += k.value.allocations.load().len() as u64);
+        t.for_each(|k| n += k.value.allocations().len() as u64);
     }
     n
 }

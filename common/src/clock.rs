@@ -26,7 +26,8 @@ pub trait Clock: Send + Sync {
 #[derive(Debug, Clone)]
 pub struct MonotonicClock {
     clock: quanta::Clock,
-    start: quanta::Instant,
+    /// The clock's raw reading at construction (TSC ticks, or ns without a TSC).
+    start_raw: u64,
     anchor_unix_ns: Nanos,
 }
 
@@ -44,7 +45,7 @@ impl MonotonicClock {
     pub fn with_anchor(anchor_ns: Nanos) -> Self {
         let clock = quanta::Clock::new();
         MonotonicClock {
-            start: clock.now(),
+            start_raw: clock.raw(),
             clock,
             anchor_unix_ns: anchor_ns,
         }
@@ -60,8 +61,9 @@ impl Default for MonotonicClock {
 impl Clock for MonotonicClock {
     #[inline]
     fn now(&self) -> Nanos {
-        let elapsed = self.clock.now().saturating_duration_since(self.start);
-        let elapsed = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
+        // Scaling only the delta since construction (one multiply and shift) skips the
+        // `Duration` round trip; a reading at or before the start counts as no time elapsed.
+        let elapsed = self.clock.delta_as_nanos(self.start_raw, self.clock.raw());
         self.anchor_unix_ns.saturating_add(elapsed)
     }
 }

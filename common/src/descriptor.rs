@@ -122,7 +122,47 @@ impl<'a> Request<'a> {
     ///
     /// # Errors
     /// The first [`RequestError`] found.
+    #[inline]
     pub fn validate(&self) -> Result<(), RequestError> {
+        if self.is_well_formed() {
+            Ok(())
+        } else {
+            Err(self.first_error())
+        }
+    }
+
+    /// Whether [`validate`](Self::validate) passes: the same bounds in one pass without
+    /// building an error (the decision path); [`first_error`](Self::first_error) says which.
+    #[inline]
+    fn is_well_formed(&self) -> bool {
+        // `len - 1 < max` checks 1 ≤ len ≤ max in one comparison.
+        let within = |len: usize, max: usize| len.wrapping_sub(1) < max;
+        let cost_ok = |h: Option<u64>| h.is_none_or(|h| h <= MAX_COST_TOKENS);
+        within(self.domain.len(), MAX_PART_BYTES)
+            && within(self.descriptors.len(), MAX_DESCRIPTORS)
+            && cost_ok(self.hits_addend)
+            && self.descriptors.iter().all(|d| {
+                within(d.entries.len(), MAX_ENTRIES)
+                    && cost_ok(d.hits_addend)
+                    && d.entries.iter().all(|e| {
+                        within(e.key.len(), MAX_PART_BYTES) && within(e.value.len(), MAX_PART_BYTES)
+                    })
+                    && encoded_len(d.entries) <= MAX_KEY_BYTES
+            })
+    }
+
+    /// The first error [`validate`](Self::validate) reports, in the order it checks.
+    #[cold]
+    #[inline(never)]
+    fn first_error(&self) -> RequestError {
+        match self.find_error() {
+            Err(e) => e,
+            // Only called when `is_well_formed` failed, so some check fails here too.
+            Ok(()) => RequestError::NoDescriptors,
+        }
+    }
+
+    fn find_error(&self) -> Result<(), RequestError> {
         if self.domain.is_empty() {
             return Err(RequestError::EmptyDomain);
         }
@@ -294,22 +334,27 @@ pub fn encode_key(entries: &[Entry<'_>]) -> Box<[u8]> {
 }
 
 /// Whether `key` is the canonical key of `entries`, without building it.
+#[inline]
 pub fn key_matches(entries: &[Entry<'_>], key: &[u8]) -> bool {
     if key.len() != encoded_len(entries) {
         return false;
     }
-    let mut rest = key;
+    // The lengths agree, so every part below lies inside `key`; `get` keeps that unchecked
+    // assumption from ever panicking.
+    let mut at = 0usize;
     for e in entries {
-        for part in [e.key, e.value] {
-            let (len, tail) = rest.split_at(4);
-            if len != (part.len() as u32).to_be_bytes() {
+        for part in [e.key.as_bytes(), e.value.as_bytes()] {
+            let n = part.len();
+            let Some(len) = key.get(at..at + 4) else {
+                return false;
+            };
+            if len != (n as u32).to_be_bytes() {
                 return false;
             }
-            let (bytes, tail) = tail.split_at(part.len());
-            if bytes != part.as_bytes() {
-                return false;
+            match key.get(at + 4..at + 4 + n) {
+                Some(bytes) if crate::name::bytes_eq(bytes, part) => at += 4 + n,
+                _ => return false,
             }
-            rest = tail;
         }
     }
     true
@@ -375,6 +420,68 @@ mod tests {
             vec![("a".into(), "b".into()), ("c".into(), "d".into())]
         );
         assert_eq!(decode_key(&[0, 0, 0, 9, 1]), None);
+    }
+
+    /// Lengths around every bound: 0, 1, the bound and one past it.
+    fn edge_len(max: usize) -> impl proptest::strategy::Strategy<Value = usize> {
+        proptest::sample::select(vec![0, 1, 2, max - 1, max, max + 1])
+    }
+
+    fn edge_cost() -> impl proptest::strategy::Strategy<Value = Option<u64>> {
+        proptest::sample::select(vec![
+            None,
+            Some(0),
+            Some(MAX_COST_TOKENS),
+            Some(MAX_COST_TOKENS + 1),
+        ])
+    }
+
+    proptest::proptest! {
+        /// The one-pass check the decision path uses accepts exactly what the detailed check
+        /// (which names the error) accepts.
+        #[test]
+        fn fast_validation_agrees_with_the_detailed_one(
+            domain in edge_len(MAX_PART_BYTES),
+            cost in edge_cost(),
+            descs in proptest::collection::vec(
+                (proptest::collection::vec((edge_len(MAX_PART_BYTES), edge_len(MAX_PART_BYTES)), 0..=MAX_ENTRIES + 1), edge_cost()),
+                0..=3,
+            ),
+            many in proptest::bool::weighted(0.1),
+        ) {
+            let text = "k".repeat(MAX_PART_BYTES + 1);
+            let owned: Vec<(Vec<Entry<'_>>, Option<u64>)> = descs
+                .iter()
+                .map(|(es, h)| {
+                    (es.iter().map(|&(k, v)| Entry { key: &text[..k], value: &text[..v] }).collect(), *h)
+                })
+                .collect();
+            let mut ds: Vec<Descriptor<'_>> = owned
+                .iter()
+                .map(|(es, h)| Descriptor { entries: es, hits_addend: *h })
+                .collect();
+            if many {
+                let one = ds.first().copied().unwrap_or(Descriptor { entries: &[], hits_addend: None });
+                ds.resize(MAX_DESCRIPTORS + 1, one);
+            }
+            let r = Request { domain: &text[..domain], descriptors: &ds, hits_addend: cost };
+            proptest::prop_assert_eq!(r.is_well_formed(), r.find_error().is_ok());
+            proptest::prop_assert_eq!(r.validate(), r.find_error());
+        }
+
+        /// `key_matches` is equality of canonical keys, for keys that differ anywhere.
+        #[test]
+        fn key_matches_is_equality_of_encoded_keys(
+            a in proptest::collection::vec(("[ab]{1,9}", "[ab_]{0,20}"), 1..4),
+            b in proptest::collection::vec(("[ab]{1,9}", "[ab_]{0,20}"), 1..4),
+        ) {
+            let ea: Vec<Entry<'_>> = a.iter().map(|(k, v)| Entry { key: k, value: v }).collect();
+            let eb: Vec<Entry<'_>> = b.iter().map(|(k, v)| Entry { key: k, value: v }).collect();
+            let (ka, kb) = (encode_key(&ea), encode_key(&eb));
+            proptest::prop_assert!(key_matches(&ea, &ka));
+            proptest::prop_assert_eq!(key_matches(&ea, &kb), ka == kb);
+            proptest::prop_assert!(!key_matches(&ea, &ka[..ka.len() - 1]));
+        }
     }
 
     #[test]

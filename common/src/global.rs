@@ -50,6 +50,18 @@ pub trait GlobalLimits {
         now: Nanos,
     ) -> GlobalDecision<Self::Reservation>;
 
+    /// As [`reserve`](Self::reserve), for a caller that will never cancel (a request of one
+    /// descriptor): an implementation may skip keeping what a cancel would need, and the
+    /// decision's `reservation` may be `None` even when allowed.
+    fn commit(
+        &self,
+        key: GlobalKey<'_>,
+        cost: Micros,
+        now: Nanos,
+    ) -> GlobalDecision<Self::Reservation> {
+        self.reserve(key, cost, now)
+    }
+
     /// Whether `reserve` would allow, without taking anything: the decision's remaining is
     /// what the key holds now (the request is already denied elsewhere, nothing will be spent).
     fn peek(

@@ -22,6 +22,8 @@ const SHARDS: usize = 16;
 /// work a flood of new keys can cause once every slot is in use.
 pub const SWEEP_BACKOFF_NS: Nanos = NANOS_PER_SEC;
 
+type Shard<V> = RwLock<HashTable<Arc<Keyed<V>>>>;
+
 /// One key of a [`ShardedTable`] and its value.
 #[derive(Debug)]
 pub struct Keyed<V> {
@@ -42,7 +44,7 @@ impl<V> Keyed<V> {
 /// 16 shards, each a read-write-locked hash table, with a per-table random hash seed.
 /// Lookups hold a shard's read lock only while cloning the value's `Arc`.
 pub struct ShardedTable<V> {
-    shards: Box<[RwLock<HashTable<Arc<Keyed<V>>>>]>,
+    shards: Box<[Shard<V>]>,
     hasher: foldhash::quality::RandomState,
     len: AtomicU64,
 }
@@ -85,7 +87,7 @@ impl<V> ShardedTable<V> {
     }
 
     #[inline]
-    fn shard(&self, hash: u64) -> &RwLock<HashTable<Arc<Keyed<V>>>> {
+    fn shard(&self, hash: u64) -> &Shard<V> {
         &self.shards[(hash >> 60) as usize % SHARDS]
     }
 
@@ -94,6 +96,39 @@ impl<V> ShardedTable<V> {
     pub fn get(&self, entries: &[Entry<'_>], hash: u64) -> Option<Arc<Keyed<V>>> {
         let eq = |s: &Arc<Keyed<V>>| s.hash == hash && key_matches(entries, &s.key);
         self.shard(hash).read().find(hash, eq).cloned()
+    }
+
+    /// Calls `f` with the value of `entries` (whose [`hash`](Self::hash) is `hash`) while its
+    /// shard's read lock is held, so no reference count is touched; gives `f` back when absent.
+    /// `f` must not take this table's locks (a writer waiting on the shard would deadlock it).
+    #[inline]
+    pub fn try_with<R, F: FnOnce(&Arc<Keyed<V>>) -> R>(
+        &self,
+        entries: &[Entry<'_>],
+        hash: u64,
+        f: F,
+    ) -> Result<R, F> {
+        let eq = |s: &Arc<Keyed<V>>| s.hash == hash && key_matches(entries, &s.key);
+        let shard = self.shard(hash).read();
+        match shard.find(hash, eq) {
+            Some(v) => Ok(f(v)),
+            None => Err(f),
+        }
+    }
+
+    /// As [`with`](Self::with), inserting `make()` first when the key is absent.
+    #[inline]
+    pub fn with_or_insert<R>(
+        &self,
+        entries: &[Entry<'_>],
+        hash: u64,
+        make: impl FnOnce() -> V,
+        f: impl FnOnce(&Arc<Keyed<V>>) -> R,
+    ) -> R {
+        match self.try_with(entries, hash, f) {
+            Ok(r) => r,
+            Err(f) => f(&self.get_or_insert_with(entries, hash, make)),
+        }
     }
 
     /// The value of `entries`, inserting `make()` when absent (the only path that allocates).
@@ -271,6 +306,28 @@ impl KeyTable {
                 })
             })
             .ok_or(TableFull { max })
+    }
+
+    /// Calls `f` with the slot of `entries` (created as by [`slot`](Self::slot) when new). A
+    /// slot already present is lent under its shard's read lock, so eviction cannot remove it
+    /// while `f` runs and no reference count is touched: the hot path of a single-descriptor
+    /// decision. `f` may lock the slot but must not take this table's locks.
+    ///
+    /// # Errors
+    /// [`TableFull`] as for [`slot`](Self::slot); `f` is not called then.
+    #[inline]
+    pub fn with_slot<R>(
+        &self,
+        entries: &[Entry<'_>],
+        hash: u64,
+        params: &LimitParams,
+        now: Nanos,
+        f: impl FnOnce(&Slot) -> R,
+    ) -> Result<R, TableFull> {
+        match self.table.try_with(entries, hash, |s| f(s)) {
+            Ok(r) => Ok(r),
+            Err(f) => Ok(f(&self.slot(entries, hash, params, now)?)),
+        }
     }
 
     /// Evicts every idle key (one whose state equals a fresh one at `now`); returns how many.

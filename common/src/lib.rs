@@ -12,6 +12,7 @@
 //! * [`keyed`]: per-key state with a cap on keys and idle eviction (seed §3);
 //! * [`limiter`]: all-or-nothing multi-descriptor decisions, shadow mode, config transitions;
 //! * [`concurrency`]: in-flight limits (seed §25); [`direct`]: a single-key limiter;
+//! * [`name`]: map keys compared inline on the decision path;
 //! * [`global`]: the seam through which an agent decides `scope: global` rules from leases.
 //!
 //! No I/O, no async runtime, no floating point on the decision path.
@@ -28,6 +29,7 @@ pub mod direct;
 pub mod global;
 pub mod keyed;
 pub mod limiter;
+pub mod name;
 pub mod units;
 
 pub use clock::{Clock, ManualClock, MonotonicClock};

@@ -2,9 +2,9 @@
 //!
 //! Open loop: requests are sent on a fixed schedule whatever the server's latency, and each
 //! latency is measured from the request's *scheduled* time, so a slow server cannot hide its
-//! queueing (no coordinated omission). tokio's timer has millisecond resolution, so the
-//! schedule itself runs late by up to a millisecond; the service latency (from the actual send)
-//! is reported beside it.
+//! queueing (no coordinated omission). The schedule is kept by a dedicated thread with
+//! microsecond sleeps (tokio's timer would release a millisecond's worth of requests at once);
+//! the service latency, from the actual send, is reported beside it.
 
 use allot_proto::envoy::extensions::common::ratelimit::v3::{
     rate_limit_descriptor, RateLimitDescriptor,
@@ -14,9 +14,10 @@ use allot_proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateL
 use allot_proto::envoy::service::ratelimit::v3::RateLimitRequest;
 use hdrhistogram::Histogram;
 use serde::Serialize;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::sync::{Mutex, Semaphore};
+use tokio::sync::Semaphore;
 use tonic::transport::{Channel, Endpoint};
 
 /// A `RateLimitRequest` with one descriptor of `entries`, costing `hits`.
@@ -85,8 +86,14 @@ pub struct LoadReport {
 /// Sends `rate` requests per second for `duration` to `addr`, rotating over `keys` distinct
 /// values of the descriptor's last entry, with at most `max_in_flight` outstanding.
 ///
+/// Pacing runs on a dedicated OS thread that sleeps until each request's planned time (with
+/// the thread's timer slack set to 1 ns, so a sleep ends within microseconds, not at the next
+/// millisecond tick) and then hands the request to the runtime: requests leave evenly spaced,
+/// not in bursts of one timer tick's worth. Latency "from send" is measured from that hand-off,
+/// "from schedule" from the planned time.
+///
 /// # Errors
-/// When the target address is invalid.
+/// When the target address is invalid or the pacing thread cannot be started.
 pub async fn run_load(
     addr: &str,
     domain: &str,
@@ -100,74 +107,122 @@ pub async fn run_load(
     let clients = (0..4)
         .map(|_| client(addr))
         .collect::<anyhow::Result<Vec<_>>>()?;
-    let hist = Arc::new(Mutex::new(Histogram::<u64>::new_with_bounds(
-        1, 60_000_000, 3,
-    )?));
-    let svc = Arc::new(Mutex::new(Histogram::<u64>::new_with_bounds(
-        1, 60_000_000, 3,
-    )?));
-    let counts = Arc::new([
-        std::sync::atomic::AtomicU64::new(0),
-        std::sync::atomic::AtomicU64::new(0),
-        std::sync::atomic::AtomicU64::new(0),
-    ]);
-    let sem = Arc::new(Semaphore::new(max_in_flight.max(1)));
-    let interval = Duration::from_nanos(1_000_000_000 / rate.max(1));
+    let recorder = Arc::new(Recorder::new()?);
+    let slots = max_in_flight.max(1);
+    let sem = Arc::new(Semaphore::new(slots));
+    let interval_ns = 1_000_000_000 / rate.max(1);
     let total = (rate as u128 * duration.as_nanos() / 1_000_000_000) as u64;
-    let start = Instant::now();
-    let mut tasks = tokio::task::JoinSet::new();
-    for i in 0..total {
-        let due = start + interval * i as u32;
-        tokio::time::sleep_until(due.into()).await;
-        let Ok(permit) = sem.clone().acquire_owned().await else {
-            break;
-        };
-        let mut es = entries.to_vec();
-        if keys > 1 {
-            if let Some(last) = es.last_mut() {
-                last.1 = format!("{}-{}", last.1, i % keys as u64);
-            }
-        }
-        let req = request(domain, &es, 1);
-        let mut c = clients[i as usize % clients.len()].clone();
-        let (hist, svc, counts) = (hist.clone(), svc.clone(), counts.clone());
-        tasks.spawn(async move {
-            let sent = Instant::now();
-            let r = c.should_rate_limit(req).await;
-            let us = due.elapsed().as_micros() as u64;
-            let _ = svc
-                .lock()
-                .await
-                .record((sent.elapsed().as_micros() as u64).max(1));
-            drop(permit);
-            let idx = match r {
-                Ok(resp) if resp.get_ref().overall_code == Code::Ok as i32 => 0,
-                Ok(resp) if resp.get_ref().overall_code == Code::OverLimit as i32 => 1,
-                _ => 2,
-            };
-            counts[idx].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let _ = hist.lock().await.record(us.max(1));
-        });
-        while tasks.try_join_next().is_some() {}
-    }
-    while tasks.join_next().await.is_some() {}
+    let handle = tokio::runtime::Handle::current();
+    let (domain, entries) = (domain.to_string(), entries.to_vec());
+    let pacer = {
+        let (sem, recorder) = (sem.clone(), recorder.clone());
+        std::thread::Builder::new()
+            .name("allot-bench-pacer".into())
+            .spawn(move || {
+                precise_sleeps();
+                let start = Instant::now();
+                for i in 0..total {
+                    let due = start + Duration::from_nanos(interval_ns.saturating_mul(i));
+                    if let Some(wait) = due.checked_duration_since(Instant::now()) {
+                        std::thread::sleep(wait);
+                    }
+                    // At the in-flight cap the schedule waits: that wait shows "from schedule".
+                    let Ok(permit) = handle.block_on(sem.clone().acquire_owned()) else {
+                        break;
+                    };
+                    let mut es = entries.clone();
+                    if keys > 1 {
+                        if let Some(last) = es.last_mut() {
+                            last.1 = format!("{}-{}", last.1, i % u64::from(keys));
+                        }
+                    }
+                    let req = request(&domain, &es, 1);
+                    let mut c = clients[i as usize % clients.len()].clone();
+                    let recorder = recorder.clone();
+                    let sent = Instant::now();
+                    handle.spawn(async move {
+                        let r = c.should_rate_limit(req).await;
+                        let code = match r {
+                            Ok(resp) => Some(resp.get_ref().overall_code),
+                            Err(_) => None,
+                        };
+                        recorder.record(due, sent, code);
+                        drop(permit);
+                    });
+                }
+                start
+            })?
+    };
+    let start = tokio::task::spawn_blocking(move || pacer.join())
+        .await?
+        .map_err(|_| anyhow::anyhow!("the pacing thread panicked"))?;
+    // Every permit back: every request answered or failed.
+    let _all = sem.acquire_many(slots as u32).await?;
     let seconds = start.elapsed().as_secs_f64();
-    let h = hist.lock().await;
-    let sv = svc.lock().await;
-    let c = |i: usize| counts[i].load(std::sync::atomic::Ordering::Relaxed);
-    Ok(LoadReport {
-        sent: total,
-        ok: c(0),
-        over_limit: c(1),
-        errors: c(2),
-        seconds,
-        throughput: (c(0) + c(1)) as f64 / seconds,
-        p50_us: h.value_at_quantile(0.5),
-        p99_us: h.value_at_quantile(0.99),
-        p999_us: h.value_at_quantile(0.999),
-        max_us: h.max(),
-        svc_p50_us: sv.value_at_quantile(0.5),
-        svc_p99_us: sv.value_at_quantile(0.99),
-        svc_p999_us: sv.value_at_quantile(0.999),
-    })
+    Ok(recorder.report(total, seconds))
+}
+
+/// Latency histograms and answer counts of one run.
+struct Recorder {
+    /// (from schedule, from send), µs.
+    hists: std::sync::Mutex<(Histogram<u64>, Histogram<u64>)>,
+    /// OK, OVER_LIMIT, failed.
+    counts: [AtomicU64; 3],
+}
+
+impl Recorder {
+    fn new() -> anyhow::Result<Self> {
+        let h = || Histogram::<u64>::new_with_bounds(1, 60_000_000, 3);
+        Ok(Recorder {
+            hists: std::sync::Mutex::new((h()?, h()?)),
+            counts: Default::default(),
+        })
+    }
+
+    fn record(&self, due: Instant, sent: Instant, code: Option<i32>) {
+        let now = Instant::now();
+        let us = |from: Instant| (now.duration_since(from).as_micros() as u64).max(1);
+        let idx = match code {
+            Some(c) if c == Code::Ok as i32 => 0,
+            Some(c) if c == Code::OverLimit as i32 => 1,
+            _ => 2,
+        };
+        self.counts[idx].fetch_add(1, Ordering::Relaxed);
+        let mut h = self.hists.lock().unwrap_or_else(|e| e.into_inner());
+        // Values above the histogram's bound (60 s) cannot occur: requests time out at 5 s.
+        let _ = h.0.record(us(due));
+        let _ = h.1.record(us(sent));
+    }
+
+    fn report(&self, sent: u64, seconds: f64) -> LoadReport {
+        let h = self.hists.lock().unwrap_or_else(|e| e.into_inner());
+        let (sched, svc) = (&h.0, &h.1);
+        let c = |i: usize| self.counts[i].load(Ordering::Relaxed);
+        LoadReport {
+            sent,
+            ok: c(0),
+            over_limit: c(1),
+            errors: c(2),
+            seconds,
+            throughput: (c(0) + c(1)) as f64 / seconds,
+            p50_us: sched.value_at_quantile(0.5),
+            p99_us: sched.value_at_quantile(0.99),
+            p999_us: sched.value_at_quantile(0.999),
+            max_us: sched.max(),
+            svc_p50_us: svc.value_at_quantile(0.5),
+            svc_p99_us: svc.value_at_quantile(0.99),
+            svc_p999_us: svc.value_at_quantile(0.999),
+        }
+    }
+}
+
+/// Lets this thread's sleeps end within microseconds of their deadline: Linux otherwise adds
+/// up to 50 µs of timer slack to each. Best effort; elsewhere sleeps are just less exact.
+fn precise_sleeps() {
+    #[cfg(target_os = "linux")]
+    // SAFETY: prctl(PR_SET_TIMERSLACK) takes integers only and changes this thread's timer
+    // slack; no memory is passed or touched.
+    unsafe {
+        libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong, 0, 0, 0);
+    }
 }

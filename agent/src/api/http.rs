@@ -271,12 +271,12 @@ fn read_wire<'b>(
     g: &Gateway,
     b: &'b CheckBody,
     cost_field: &str,
-) -> Result<(Option<u64>, Vec<Entry<'b>>), Response> {
+) -> Result<(Option<u64>, Vec<Entry<'b>>), Box<Response>> {
     request_cost(cost_field, b.cost.unwrap_or(0))
         .and_then(|hits| Ok((hits, borrow_entries(&b.descriptors)?)))
         .map_err(|e| {
             g.count_invalid();
-            error_response(&e)
+            Box::new(error_response(&e))
         })
 }
 
@@ -287,7 +287,7 @@ async fn check(State(g): State<Arc<Gateway>>, body: Bytes) -> Response {
     };
     let (hits, entries) = match read_wire(&g, &b, "cost") {
         Ok(x) => x,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let descriptors = borrow_descriptors(&b.descriptors, &entries);
     let req = Request {
@@ -308,7 +308,7 @@ async fn reserve(State(g): State<Arc<Gateway>>, body: Bytes) -> Response {
     };
     let (hits, entries) = match read_wire(&g, &b, "max_cost") {
         Ok(x) => x,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let descriptors = borrow_descriptors(&b.descriptors, &entries);
     let req = Request {
@@ -374,8 +374,7 @@ pub fn status(g: &Gateway) -> Value {
         for k in t.snapshot() {
             let v = &k.value;
             let allocations: Vec<Value> = v
-                .allocations
-                .load()
+                .allocations()
                 .iter()
                 .map(|a| {
                     json!({

@@ -16,9 +16,10 @@ use allot_common::descriptor::Entry;
 use allot_common::global::{GlobalDecision, GlobalKey, GlobalLimits};
 use allot_common::keyed::{Keyed, ShardedTable};
 use allot_common::limiter::Snapshot;
+use allot_common::name::NameIndex;
 use allot_common::units::{Micros, Nanos, MICROS_PER_TOKEN, NANOS_PER_MILLI};
 use arc_swap::ArcSwap;
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -48,8 +49,9 @@ pub struct KeyLease {
     pub failure_mode: FailureMode,
     /// Largest grant the allocator makes for this rule, microtokens.
     pub max_grant: Micros,
-    /// Allocations, oldest first. Replaced copy-on-write by the manager.
-    pub allocations: ArcSwap<Vec<Arc<HeldAllocation>>>,
+    /// Allocations, oldest first. Replaced copy-on-write by the manager; a decision reads
+    /// them under the read lock (two uncontended atomics, cheaper than a swap-pointer load).
+    allocations: RwLock<Arc<Vec<Arc<HeldAllocation>>>>,
     /// An Acquire is in flight.
     pub acquiring: AtomicBool,
     /// Signalled when an Acquire finishes (granted, denied or failed).
@@ -81,21 +83,22 @@ pub struct KeyLease {
 impl KeyLease {
     /// Microtokens this agent can still spend for the key at `now`.
     pub fn remaining(&self, now: Nanos) -> Micros {
-        self.allocations
-            .load()
-            .iter()
-            .map(|a| a.remaining(now))
-            .sum()
+        self.allocations().iter().map(|a| a.remaining(now)).sum()
     }
 
     /// Σ(granted − reported) over held allocations (seed §23).
     pub fn unreported(&self) -> Micros {
-        self.allocations.load().iter().map(|a| a.unreported()).sum()
+        self.allocations().iter().map(|a| a.unreported()).sum()
     }
 
     /// Replaces the allocation list (manager only).
     pub fn set_allocations(&self, v: Vec<Arc<HeldAllocation>>) {
-        self.allocations.store(Arc::new(v));
+        *self.allocations.write() = Arc::new(v);
+    }
+
+    /// The allocation list, oldest first.
+    pub fn allocations(&self) -> Arc<Vec<Arc<HeldAllocation>>> {
+        self.allocations.read().clone()
     }
 }
 
@@ -106,6 +109,17 @@ pub enum LeaseReservation {
     Allocation(Arc<HeldAllocation>, Micros, Option<Arc<Keyed<KeyLease>>>),
     /// Admitted by the emergency bucket.
     Emergency(Arc<Keyed<KeyLease>>, Micros),
+}
+
+/// What a lease decision may take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// Spend and keep what a cancel needs.
+    Reserve,
+    /// Spend for good (nothing can cancel it).
+    Commit,
+    /// Only say whether it would pass.
+    Peek,
 }
 
 /// Counters of the lease path, for metrics.
@@ -133,12 +147,37 @@ pub struct LeaseCounters {
     pub fuse_rejects: AtomicU64,
 }
 
-type Tables = HashMap<String, Vec<Option<Arc<ShardedTable<KeyLease>>>>>;
+/// Per domain, per rule index: the rule's lease key table (`None` for rules that are not
+/// leased). Built by [`LeaseBook::apply`] from one config snapshot.
+#[derive(Debug, Default)]
+pub struct LeaseTables(NameIndex<Vec<Option<Arc<ShardedTable<KeyLease>>>>>);
+
+impl LeaseTables {
+    fn table(&self, domain: &str, rule_index: u32) -> Option<&Arc<ShardedTable<KeyLease>>> {
+        self.0.get(domain)?.get(rule_index as usize)?.as_ref()
+    }
+}
+
+/// The book as seen with one [`LeaseTables`]: the [`GlobalLimits`] a decision made with the
+/// snapshot those tables were built from uses, so the snapshot and the tables come from one
+/// load (see `Enforcer`).
+#[derive(Debug, Clone, Copy)]
+pub struct LeaseView<'a> {
+    book: &'a LeaseBook,
+    tables: &'a LeaseTables,
+}
+
+impl<'a> LeaseView<'a> {
+    /// `book` deciding with `tables`.
+    pub fn new(book: &'a LeaseBook, tables: &'a LeaseTables) -> Self {
+        LeaseView { book, tables }
+    }
+}
 
 /// The agent's leases: per rule, per key.
 pub struct LeaseBook {
     /// Per domain, per rule index: the rule's key table (`None` for rules that are not leased).
-    tables: ArcSwap<Tables>,
+    tables: ArcSwap<LeaseTables>,
     by_rule: Mutex<HashMap<String, Arc<ShardedTable<KeyLease>>>>,
     events: mpsc::UnboundedSender<LeaseEvent>,
     reachable: AtomicBool,
@@ -164,7 +203,7 @@ impl LeaseBook {
         events: mpsc::UnboundedSender<LeaseEvent>,
     ) -> Self {
         LeaseBook {
-            tables: ArcSwap::from_pointee(HashMap::new()),
+            tables: ArcSwap::from_pointee(LeaseTables::default()),
             by_rule: Mutex::new(HashMap::new()),
             events,
             reachable: AtomicBool::new(true),
@@ -184,12 +223,12 @@ impl LeaseBook {
         &self.settings
     }
 
-    /// Rebuilds the per-rule tables for a new config snapshot; keys of rules whose id is
-    /// unchanged keep their allocations.
-    pub fn apply(&self, snap: &Snapshot) {
+    /// Rebuilds the per-rule tables for a new config snapshot and returns them; keys of rules
+    /// whose id is unchanged keep their allocations.
+    pub fn apply(&self, snap: &Snapshot) -> Arc<LeaseTables> {
         let mut by_rule = self.by_rule.lock();
         let mut next_by_rule = HashMap::new();
-        let mut tables: Tables = HashMap::new();
+        let mut tables = NameIndex::default();
         for d in snap.domains() {
             let v = d
                 .config
@@ -203,10 +242,12 @@ impl LeaseBook {
                     })
                 })
                 .collect();
-            tables.insert(d.config.domain.clone(), v);
+            tables.insert(&d.config.domain, v);
         }
         *by_rule = next_by_rule;
-        self.tables.store(Arc::new(tables));
+        let tables = Arc::new(LeaseTables(tables));
+        self.tables.store(tables.clone());
+        tables
     }
 
     /// Every leased key table.
@@ -227,12 +268,22 @@ impl LeaseBook {
     /// The key's lease state, created on first sight.
     pub fn key(&self, key: &GlobalKey<'_>) -> Option<Arc<Keyed<KeyLease>>> {
         let tables = self.tables.load();
-        let table = tables
-            .get(key.domain)?
-            .get(key.rule_index as usize)?
-            .as_ref()?;
+        let table = tables.table(key.domain, key.rule_index)?;
         let h = table.hash(key.entries);
         Some(table.get_or_insert_with(key.entries, h, || new_key(key)))
+    }
+
+    /// Calls `f` with the key's lease state (created on first sight) while its shard's read lock
+    /// is held, so the hot path touches no reference count; `None` when the rule is not leased.
+    #[inline]
+    fn with_key<R>(
+        tables: &LeaseTables,
+        key: &GlobalKey<'_>,
+        f: impl FnOnce(&Arc<Keyed<KeyLease>>) -> R,
+    ) -> Option<R> {
+        let table = tables.table(key.domain, key.rule_index)?;
+        let h = table.hash(key.entries);
+        Some(table.with_or_insert(key.entries, h, || new_key(key), f))
     }
 
     /// The key's lease state if it exists (no creation).
@@ -243,7 +294,7 @@ impl LeaseBook {
         entries: &[Entry<'_>],
     ) -> Option<Arc<Keyed<KeyLease>>> {
         let tables = self.tables.load();
-        let table = tables.get(domain)?.get(rule_index as usize)?.as_ref()?;
+        let table = tables.table(domain, rule_index)?;
         table.get(entries, table.hash(entries))
     }
 
@@ -276,17 +327,79 @@ impl LeaseBook {
         total
     }
 
+    #[inline]
     fn decide(
         &self,
+        tables: &LeaseTables,
         key: GlobalKey<'_>,
         cost: Micros,
         now: Nanos,
-        take: bool,
+        mode: Mode,
     ) -> GlobalDecision<LeaseReservation> {
-        let Some(kl) = self.key(&key) else {
+        Self::with_key(tables, &key, |kl| self.decide_key(kl, cost, now, mode))
             // A rule that is not leased never reaches here; deny rather than admit unlimited.
-            return denied(0, RetryAfter::After(self.settings.retry_floor_ns()), false);
-        };
+            .unwrap_or_else(|| denied(0, RetryAfter::After(self.settings.retry_floor_ns()), false))
+    }
+
+    /// The hot path: a warm key without a fuse whose allocations cover the cost. Everything
+    /// else (cold keys, the fuse, exhausted allocations, failure modes) is [`decide_slow`].
+    #[inline]
+    fn decide_key(
+        &self,
+        kl: &Arc<Keyed<KeyLease>>,
+        cost: Micros,
+        now: Nanos,
+        mode: Mode,
+    ) -> GlobalDecision<LeaseReservation> {
+        let v = &kl.value;
+        if mode != Mode::Peek && v.fuse.is_none() && v.answered.load(Ordering::Acquire) {
+            let allocs = v.allocations.read();
+            if let Some(a) = allocs.iter().find(|a| a.try_spend(cost, now)) {
+                v.last_used.store(now, Ordering::Relaxed);
+                return self.admitted(kl, &allocs, a, cost, now, mode, false);
+            }
+        }
+        self.decide_slow(kl, cost, now, mode)
+    }
+
+    /// Bookkeeping of a decision that spent `cost` from `a` (one of `allocs`, the key's list).
+    #[inline]
+    #[allow(clippy::too_many_arguments)]
+    fn admitted(
+        &self,
+        kl: &Arc<Keyed<KeyLease>>,
+        allocs: &[Arc<HeldAllocation>],
+        a: &Arc<HeldAllocation>,
+        cost: Micros,
+        now: Nanos,
+        mode: Mode,
+        fused: bool,
+    ) -> GlobalDecision<LeaseReservation> {
+        let v = &kl.value;
+        v.admitted.fetch_add(cost, Ordering::Relaxed);
+        self.counters.leased_admits.fetch_add(1, Ordering::Relaxed);
+        let remaining: Micros = allocs.iter().map(|a| a.remaining(now)).sum();
+        if remaining < self.low_watermark(v) {
+            self.request_lease(kl, now);
+        }
+        GlobalDecision {
+            decision: allowed(remaining, v, now),
+            reservation: (mode == Mode::Reserve)
+                .then(|| LeaseReservation::Allocation(a.clone(), cost, fused.then(|| kl.clone()))),
+            cold: false,
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn decide_slow(
+        &self,
+        kl: &Arc<Keyed<KeyLease>>,
+        cost: Micros,
+        now: Nanos,
+        mode: Mode,
+    ) -> GlobalDecision<LeaseReservation> {
+        let take = mode != Mode::Peek;
         let v = &kl.value;
         v.last_used.store(now, Ordering::Relaxed);
         let capacity = v.params.capacity();
@@ -310,26 +423,14 @@ impl LeaseBook {
                     self.counters.fuse_rejects.fetch_add(1, Ordering::Relaxed);
                     return denied(v.remaining(now), d.retry_after, false);
                 }
-                Some(kl.clone())
+                true
             }
-            _ => None,
+            _ => false,
         };
-        let allocs = v.allocations.load();
+        let allocs = v.allocations();
         if take {
-            for a in allocs.iter() {
-                if a.try_spend(cost, now) {
-                    v.admitted.fetch_add(cost, Ordering::Relaxed);
-                    self.counters.leased_admits.fetch_add(1, Ordering::Relaxed);
-                    let remaining: Micros = allocs.iter().map(|a| a.remaining(now)).sum();
-                    if remaining < self.low_watermark(v) {
-                        self.request_lease(&kl, now);
-                    }
-                    return GlobalDecision {
-                        decision: allowed(remaining, v, now),
-                        reservation: Some(LeaseReservation::Allocation(a.clone(), cost, fused)),
-                        cold: false,
-                    };
-                }
+            if let Some(a) = allocs.iter().find(|a| a.try_spend(cost, now)) {
+                return self.admitted(kl, &allocs, a, cost, now, mode, fused);
             }
         } else if allocs.iter().any(|a| a.remaining(now) >= cost) {
             let remaining: Micros = allocs.iter().map(|a| a.remaining(now)).sum();
@@ -339,14 +440,14 @@ impl LeaseBook {
                 cold: false,
             };
         }
-        if let Some(kl) = &fused {
+        if fused {
             // Not admitted after all: the fuse gets its token back.
-            self.refund_fuse(&kl.value, cost);
+            self.refund_fuse(v, cost);
         }
         let remaining: Micros = allocs.iter().map(|a| a.remaining(now)).sum();
         // Nothing held covers it: ask for more (in the background) and decide without it.
         if take {
-            self.request_lease(&kl, now);
+            self.request_lease(kl, now);
         }
         if cold {
             self.counters.cold_misses.fetch_add(1, Ordering::Relaxed);
@@ -358,7 +459,7 @@ impl LeaseBook {
         }
         if !self.is_reachable() {
             if v.failure_mode == FailureMode::Emergency {
-                if let Some(d) = self.emergency(&kl, cost, now, take) {
+                if let Some(d) = self.emergency(kl, cost, now, take) {
                     return d;
                 }
             } else {
@@ -419,7 +520,11 @@ impl LeaseBook {
     }
 
     fn low_watermark(&self, v: &KeyLease) -> Micros {
-        (u128::from(v.max_grant) * u128::from(self.settings.low_watermark_pct) / 100) as u64
+        let pct = u64::from(self.settings.low_watermark_pct);
+        match v.max_grant.checked_mul(pct) {
+            Some(m) => m / 100,
+            None => (u128::from(v.max_grant) * u128::from(pct) / 100) as u64,
+        }
     }
 }
 
@@ -452,7 +557,7 @@ fn new_key(key: &GlobalKey<'_>) -> KeyLease {
         params,
         failure_mode: key.rule.failure_mode,
         max_grant: key.rule.lease.max_grant,
-        allocations: ArcSwap::from_pointee(Vec::new()),
+        allocations: RwLock::new(Arc::new(Vec::new())),
         acquiring: AtomicBool::new(false),
         ready: Notify::new(),
         next_try_at: AtomicU64::new(0),
@@ -487,7 +592,12 @@ fn time_for(cost: Micros, p: LimitParams) -> Nanos {
             per_ns: w.period_ns,
         },
     };
-    let ns = (u128::from(cost) * u128::from(rate.per_ns)).div_ceil(u128::from(rate.micros.max(1)));
+    let per_micro = rate.micros.max(1);
+    // A 64-bit division is inlined where a 128-bit one is a library call; same quotient.
+    if let Some(units) = cost.checked_mul(rate.per_ns) {
+        return units.div_ceil(per_micro);
+    }
+    let ns = (u128::from(cost) * u128::from(rate.per_ns)).div_ceil(u128::from(per_micro));
     u64::try_from(ns).unwrap_or(u64::MAX)
 }
 
@@ -516,16 +626,27 @@ fn denied(remaining: Micros, retry: RetryAfter, cold: bool) -> GlobalDecision<Le
     }
 }
 
-impl GlobalLimits for LeaseBook {
+impl GlobalLimits for LeaseView<'_> {
     type Reservation = LeaseReservation;
 
+    #[inline]
     fn reserve(
         &self,
         key: GlobalKey<'_>,
         cost: Micros,
         now: Nanos,
     ) -> GlobalDecision<LeaseReservation> {
-        self.decide(key, cost, now, true)
+        self.book.decide(self.tables, key, cost, now, Mode::Reserve)
+    }
+
+    #[inline]
+    fn commit(
+        &self,
+        key: GlobalKey<'_>,
+        cost: Micros,
+        now: Nanos,
+    ) -> GlobalDecision<LeaseReservation> {
+        self.book.decide(self.tables, key, cost, now, Mode::Commit)
     }
 
     fn peek(
@@ -534,14 +655,29 @@ impl GlobalLimits for LeaseBook {
         cost: Micros,
         now: Nanos,
     ) -> GlobalDecision<LeaseReservation> {
-        self.decide(key, cost, now, false)
+        self.book.decide(self.tables, key, cost, now, Mode::Peek)
+    }
+
+    fn cancel(&self, r: LeaseReservation) {
+        self.book.cancel(r)
     }
 
     fn refund(&self, key: GlobalKey<'_>, micros: Micros, now: Nanos) {
-        let Some(kl) = self.key(&key) else { return };
+        self.book.refund(self.tables, key, micros, now)
+    }
+}
+
+impl LeaseBook {
+    /// Gives back `micros` an admitted request did not use: to the key's newest allocations,
+    /// only what they have not reported yet (seed §24).
+    fn refund(&self, tables: &LeaseTables, key: GlobalKey<'_>, micros: Micros, now: Nanos) {
+        Self::with_key(tables, &key, |kl| Self::refund_key(kl, micros, now));
+    }
+
+    fn refund_key(kl: &Keyed<KeyLease>, micros: Micros, now: Nanos) {
         let mut left = micros;
         // Newest first: the allocation least likely to have been reported already.
-        for a in kl.value.allocations.load().iter().rev() {
+        for a in kl.value.allocations().iter().rev() {
             if left == 0 {
                 break;
             }
@@ -559,6 +695,7 @@ impl GlobalLimits for LeaseBook {
             .fetch_sub(micros - left, Ordering::Relaxed);
     }
 
+    /// Returns a reservation's tokens: to its allocation, the fuse and the emergency bucket.
     fn cancel(&self, r: LeaseReservation) {
         match r {
             LeaseReservation::Allocation(a, cost, fused) => {

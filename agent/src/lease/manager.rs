@@ -95,7 +95,7 @@ impl LeaseManager {
             let idle = ms(self.book.settings().idle_evict_ms);
             table.retain(|k| {
                 let v = &k.value;
-                !(v.allocations.load().is_empty()
+                !(v.allocations().is_empty()
                     && !v.acquiring.load(Ordering::Relaxed)
                     && now.saturating_sub(v.last_used.load(Ordering::Relaxed)) > idle)
             });
@@ -111,7 +111,7 @@ impl LeaseManager {
                 let (book, link) = (self.book.clone(), self.link.clone());
                 work.spawn(async move {
                     let _w = kl.value.alloc_write.lock().await;
-                    for a in kl.value.allocations.load_full().iter() {
+                    for a in kl.value.allocations().iter() {
                         release(&book, &link, a).await;
                     }
                     kl.value.set_allocations(Vec::new());
@@ -127,7 +127,7 @@ async fn settle_key(book: &LeaseBook, link: &AllocatorLink, kl: &Arc<Keyed<KeyLe
     let v = &kl.value;
     let _w = v.alloc_write.lock().await;
     let now = book.clock().now();
-    let held = v.allocations.load_full();
+    let held = v.allocations();
     let mut keep: Vec<Arc<HeldAllocation>> = Vec::with_capacity(held.len() + 1);
     for a in held.iter() {
         let finished = a.is_expired(now) || a.spent() >= a.granted;
@@ -182,8 +182,7 @@ async fn settle_key(book: &LeaseBook, link: &AllocatorLink, kl: &Arc<Keyed<KeyLe
     // ends before the pass after next (tokens left at the deadline are of no use).
     let left = v.remaining(now);
     let last_deadline = v
-        .allocations
-        .load()
+        .allocations()
         .iter()
         .map(|a| a.deadline)
         .max()
@@ -300,8 +299,7 @@ async fn acquire(
             ));
             let _w = v.alloc_write.lock().await;
             let mut next: Vec<Arc<HeldAllocation>> = v
-                .allocations
-                .load()
+                .allocations()
                 .iter()
                 .filter(|x| !x.is_expired(now) || x.spent() > x.reported())
                 .cloned()

@@ -8,7 +8,7 @@ pub mod manager;
 pub mod settings;
 
 pub use allocation::HeldAllocation;
-pub use book::{KeyLease, LeaseBook, LeaseEvent, LeaseReservation};
+pub use book::{KeyLease, LeaseBook, LeaseEvent, LeaseReservation, LeaseTables, LeaseView};
 pub use client::{AllocatorLink, LinkError};
 pub use manager::LeaseManager;
 pub use settings::LeaseSettings;

@@ -112,7 +112,7 @@ fn install(
         0,
         1,
     ));
-    let mut v: Vec<_> = kl.value.allocations.load().iter().cloned().collect();
+    let mut v: Vec<_> = kl.value.allocations().iter().cloned().collect();
     v.push(a.clone());
     kl.value.set_allocations(v);
     kl.value.answered.store(true, Ordering::Release);

@@ -264,7 +264,7 @@ impl RealAgent {
     ) -> Vec<Arc<HeldAllocation>> {
         self.book()
             .existing(domain, rule_index, &[Entry { key, value }])
-            .map(|k| k.value.allocations.load_full().to_vec())
+            .map(|k| k.value.allocations().to_vec())
             .unwrap_or_default()
     }
 

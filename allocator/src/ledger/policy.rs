@@ -9,6 +9,10 @@ use allot_common::config::{ConfigSet, DomainConfig, Rule, RuleLimit, Scope, PPM}
 use allot_common::descriptor::{encode_key, Descriptor, Entry, Request};
 use std::path::Path;
 
+/// A policy key matched to its rule: the rule, the key id (rule id, canonical key) and the
+/// policy document's version.
+pub(super) type Resolved<'a> = (&'a Rule, (String, Vec<u8>), u64);
+
 /// Parses and validates a policy document for the allocator: the decision core's validation,
 /// plus the rule that sliding windows and logs cannot be leased (seed §6: a log is exact only
 /// where it is decided in one place).
@@ -312,10 +316,7 @@ impl Ledger {
     }
 
     /// Matches a policy key to its rule. Returns the rule, the key id and the doc version.
-    pub(super) fn resolve(
-        &self,
-        key: &PolicyKey,
-    ) -> Result<(&Rule, (String, Vec<u8>), u64), LedgerError> {
+    pub(super) fn resolve(&self, key: &PolicyKey) -> Result<Resolved<'_>, LedgerError> {
         let entries: Vec<Entry<'_>> = key
             .entries
             .iter()

@@ -246,10 +246,10 @@ impl LimitParams {
                 let back = micros as u128 * rate.per_ns as u128;
                 s.tat = s.tat.saturating_sub(back).max(t);
             }
-            (LimitParams::FixedWindow(w), LimitState::FixedWindow(s)) => {
-                if s.start == spent_at - spent_at % w.period_ns {
-                    s.used = s.used.saturating_sub(micros);
-                }
+            (LimitParams::FixedWindow(w), LimitState::FixedWindow(s))
+                if s.start == spent_at - spent_at % w.period_ns =>
+            {
+                s.used = s.used.saturating_sub(micros);
             }
             (LimitParams::SlidingWindow(w), LimitState::SlidingWindow(s)) => {
                 let start = spent_at - spent_at % w.period_ns;

@@ -33,6 +33,7 @@ mod validate;
 pub use error::ConfigError;
 
 use crate::algorithm::LimitParams;
+use crate::name::NameIndex;
 use crate::units::{Micros, NANOS_PER_SEC};
 use hashbrown::HashMap;
 use std::path::{Path, PathBuf};
@@ -209,13 +210,13 @@ pub struct Rule {
 
 #[derive(Debug, Clone, Default)]
 struct Node {
-    children: Map<String, Children>,
+    children: NameIndex<Children>,
     rule: Option<usize>,
 }
 
 #[derive(Debug, Clone, Default)]
 struct Children {
-    by_value: Map<String, usize>,
+    by_value: NameIndex<usize>,
     any: Option<usize>,
 }
 

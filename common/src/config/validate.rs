@@ -136,10 +136,9 @@ fn descriptors(
         let node = out.nodes.len();
         let children: &mut Children = out.nodes[parent]
             .children
-            .entry(key.to_string())
-            .or_default();
+            .get_or_insert_with(key, Children::default);
         let slot = match value {
-            Some(v) => children.by_value.entry(v.to_string()).or_insert(usize::MAX),
+            Some(v) => children.by_value.get_or_insert_with(v, || usize::MAX),
             None => children.any.get_or_insert(usize::MAX),
         };
         if *slot != usize::MAX {
