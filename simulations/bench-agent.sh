@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Issue 4 benchmarks on loopback (not a test): a 1-node allocator and one agent in release mode,
 # then allot-bench against the agent's Envoy RLS API:
-#   1. p50/p99 at 5,000 req/s, local and leased policy, each against a no-op RLS baseline
-#      measured in the same run;
+#   1. p50/p99 at 5,000 req/s (3 runs each), local and leased policy, each against a no-op RLS baseline
+#      (`allot-bench noop`, a process of its own like the agent) measured in the same run;
 #   2. the highest offered rate the agent still answers in full (throughput ramp);
 #   3. allocator RPCs per 1,000 admitted decisions at a steady 2,000 req/s.
 # Usage: bash simulations/bench-agent.sh   (from the repository root)
@@ -29,23 +29,24 @@ descriptors:
       lease: {ttl_ms: 5000, max_grant: 50000}
 YAML
 port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-ap=$(port); gp=$(port); hp=$(port)
+ap=$(port); gp=$(port); hp=$(port); np=$(port)
 "$bin/allot-allocator" --node-id 1 --listen 127.0.0.1:$ap --peer 1=127.0.0.1:$ap --init \
   --data-dir "$tmp/alloc" --policies "$tmp/policies" 2>"$tmp/alloc.log" &
 "$bin/allot-agent" --agent-id bench-1 --region eu --allocator 127.0.0.1:$ap \
   --grpc-listen 127.0.0.1:$gp --http-listen 127.0.0.1:$hp --policies "$tmp/policies" 2>"$tmp/agent.log" &
+"$bin/allot-bench" --threads 2 noop --listen 127.0.0.1:$np 2>"$tmp/noop.log" &
 for _ in $(seq 100); do curl -sf "http://127.0.0.1:$hp/healthz" >/dev/null && break; sleep 0.1; done
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs); load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo
-echo "## 1. RLS latency at 5000 req/s, 10 s (local-scope policy)"
-"$bin/allot-bench" rls --target 127.0.0.1:$gp --rate 5000 --duration 10 --domain bench --entry tenant=local --baseline
+echo "## 1. RLS latency at 5000 req/s, 3 runs of 10 s, each after a 3 s warm-up (local-scope policy)"
+"$bin/allot-bench" rls --target 127.0.0.1:$gp --rate 5000 --duration 10 --warmup 3 --repeat 3 --domain bench --entry tenant=local --baseline-target 127.0.0.1:$np
 echo
-echo "## 1b. RLS latency at 5000 req/s, 10 s (leased policy)"
-"$bin/allot-bench" rls --target 127.0.0.1:$gp --rate 5000 --duration 10 --domain bench --entry tenant=leased --baseline
+echo "## 1b. RLS latency at 5000 req/s, 3 runs of 10 s, each after a 3 s warm-up (leased policy)"
+"$bin/allot-bench" rls --target 127.0.0.1:$gp --rate 5000 --duration 10 --warmup 3 --repeat 3 --domain bench --entry tenant=leased --baseline-target 127.0.0.1:$np
 echo
-echo "## 2. throughput ramp (local-scope policy, 5 s each)"
+echo "## 2. throughput ramp (local-scope policy, 5 s each after a 1 s warm-up)"
 for rate in 5000 10000 15000 20000 30000; do
-  "$bin/allot-bench" rls --target 127.0.0.1:$gp --rate $rate --duration 5 --domain bench --entry tenant=local --json \
+  "$bin/allot-bench" rls --target 127.0.0.1:$gp --rate $rate --duration 5 --warmup 1 --domain bench --entry tenant=local --json \
     | python3 -c "import json,sys; r=json.load(sys.stdin)['target']; print(f\"offered {$rate}/s: answered {r['throughput']:.0f}/s, errors {r['errors']}, from send p50 {r['svc_p50_us']} µs p99 {r['svc_p99_us']} µs, from schedule p99 {r['p99_us']} µs\")"
 done
 echo

@@ -32,18 +32,32 @@ impl RateLimitService for NoopRls {
     }
 }
 
-/// Serves [`NoopRls`] on an ephemeral loopback port; returns its address.
+/// Serves [`NoopRls`] on an ephemeral loopback port in this process; returns its address.
 ///
 /// # Errors
 /// When no port can be bound.
 pub async fn spawn() -> anyhow::Result<String> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?.to_string();
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
-    tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(RateLimitServiceServer::new(NoopRls))
-            .serve_with_incoming(incoming),
-    );
+    tokio::spawn(serve_on(listener));
     Ok(addr)
+}
+
+/// Serves [`NoopRls`] on `listen` ("host:port") until the process ends: a baseline in a
+/// process of its own, like the server it is compared with.
+///
+/// # Errors
+/// When the address cannot be bound or the server fails.
+pub async fn serve(listen: &str) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(listen).await?;
+    serve_on(listener).await
+}
+
+async fn serve_on(listener: tokio::net::TcpListener) -> anyhow::Result<()> {
+    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    tonic::transport::Server::builder()
+        .add_service(RateLimitServiceServer::new(NoopRls))
+        .serve_with_incoming(incoming)
+        .await?;
+    Ok(())
 }

@@ -14,6 +14,10 @@ use std::time::Duration;
     about = "Load generator for rate limit services"
 )]
 struct Cli {
+    /// Runtime worker threads of this load generator (the pacing thread is one more). One leaves
+    /// the most CPU to the server under test on a small machine.
+    #[arg(long, global = true, default_value_t = 1)]
+    threads: usize,
     #[command(subcommand)]
     command: Command,
 }
@@ -31,6 +35,10 @@ enum Command {
         /// Seconds to run.
         #[arg(long)]
         duration: u64,
+        /// Seconds of the same load sent first and not measured (connections set up, keys
+        /// warm: a leased key's first allocation is the cold wait, reported by the agent).
+        #[arg(long, default_value_t = 0)]
+        warmup: u64,
         /// Domain of the requests.
         #[arg(long, default_value = "bench")]
         domain: String,
@@ -45,11 +53,25 @@ enum Command {
         max_in_flight: usize,
         /// First run the same load against a do-nothing RLS server started in-process (the
         /// transport's own cost) and print the target's latency as a ratio of it.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "baseline_target")]
         baseline: bool,
+        /// As --baseline, against a do-nothing server already running at this address (e.g.
+        /// `allot-bench noop` in a process of its own, as the target is).
+        #[arg(long)]
+        baseline_target: Option<String>,
+        /// Measured runs (each after its own warm-up, each paired with a baseline run); the
+        /// report shows every run and details the one with the median p99.
+        #[arg(long, default_value_t = 1)]
+        repeat: u32,
         /// Print one JSON document instead of a table.
         #[arg(long)]
         json: bool,
+    },
+    /// Serve a do-nothing RLS (always OK) on --listen, as a baseline process.
+    Noop {
+        /// Address to listen on, host:port.
+        #[arg(long)]
+        listen: String,
     },
     /// Steady load through an agent, counting the allocator RPCs it made (from its /v1/status)
     /// per 1000 admitted decisions.
@@ -98,87 +120,127 @@ async fn rpc_count(http: &str) -> Result<u64> {
         .sum())
 }
 
-#[tokio::main]
-async fn main() -> Result<()> {
-    match Cli::parse().command {
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(cli.threads.max(1))
+        .enable_all()
+        .build()?
+        .block_on(run(cli.command))
+}
+
+async fn run(command: Command) -> Result<()> {
+    match command {
         Command::Rls {
             target,
             rate,
             duration,
+            warmup,
             domain,
             entries,
             keys,
             max_in_flight,
             baseline,
+            baseline_target,
+            repeat,
             json,
         } => {
             if rate == 0 || duration == 0 {
                 bail!("--rate and --duration must be positive");
             }
             let es = parse_entries(entries)?;
-            let base = if baseline {
-                let addr = allot_simulations::noop::spawn().await?;
-                Some(
-                    run_load(
-                        &addr,
-                        &domain,
-                        &es,
-                        keys,
-                        rate,
-                        Duration::from_secs(duration),
-                        max_in_flight,
-                    )
-                    .await?,
-                )
-            } else {
-                None
+            let base_addr = match (baseline, baseline_target) {
+                (true, _) => Some((allot_simulations::noop::spawn().await?, "in-process")),
+                (false, Some(a)) => Some((a, "own process")),
+                (false, None) => None,
             };
-            let r = run_load(
-                &target,
-                &domain,
-                &es,
-                keys,
-                rate,
-                Duration::from_secs(duration),
-                max_in_flight,
-            )
-            .await?;
+            let measure = |addr: String| {
+                let (domain, es) = (domain.clone(), es.clone());
+                async move {
+                    let run = |secs| {
+                        run_load(
+                            &addr,
+                            &domain,
+                            &es,
+                            keys,
+                            rate,
+                            Duration::from_secs(secs),
+                            max_in_flight,
+                        )
+                    };
+                    if warmup > 0 {
+                        run(warmup).await?;
+                    }
+                    run(duration).await
+                }
+            };
+            // Baseline and target alternate, so each pair saw the same machine conditions.
+            let mut runs = Vec::new();
+            for _ in 0..repeat.max(1) {
+                let base = match &base_addr {
+                    Some((addr, _)) => Some(measure(addr.clone()).await?),
+                    None => None,
+                };
+                runs.push((measure(target.clone()).await?, base));
+            }
+            // The run whose target p99 (from send) is the median of the repeats.
+            let mut order: Vec<usize> = (0..runs.len()).collect();
+            order.sort_by_key(|&i| runs[i].0.svc_p99_us);
+            let (r, base) = &runs[order[order.len() / 2]];
             if json {
+                let all: Vec<_> = runs
+                    .iter()
+                    .map(|(t, b)| serde_json::json!({"target": t, "baseline": b}))
+                    .collect();
                 println!(
                     "{}",
                     serde_json::to_string_pretty(
-                        &serde_json::json!({"target": r, "baseline": base})
+                        &serde_json::json!({"target": r, "baseline": base, "runs": all})
                     )?
                 );
-            } else {
-                if let Some(b) = &base {
-                    println!(
-                        "baseline (no-op RLS in-process): throughput {:.0}/s  from send: p50 {} µs  p99 {} µs  p99.9 {} µs",
-                        b.throughput, b.svc_p50_us, b.svc_p99_us, b.svc_p999_us
-                    );
-                    println!(
-                        "target / baseline, from send: p50 {:.2}x  p99 {:.2}x",
-                        r.svc_p50_us as f64 / b.svc_p50_us.max(1) as f64,
-                        r.svc_p99_us as f64 / b.svc_p99_us.max(1) as f64
+                return Ok(());
+            }
+            println!(
+                "target {target}  rate {rate}/s  duration {duration} s  warm-up {warmup} s  keys {keys}  runs {}",
+                runs.len()
+            );
+            let place = base_addr.as_ref().map_or("", |(_, p)| *p);
+            for (k, (t, b)) in runs.iter().enumerate() {
+                let mut line = format!(
+                    "run {}: target p50 {} µs  p99 {} µs from send, p99 {} µs from schedule",
+                    k + 1,
+                    t.svc_p50_us,
+                    t.svc_p99_us,
+                    t.p99_us
+                );
+                if let Some(b) = b {
+                    line += &format!(
+                        " | no-op baseline ({place}) p50 {} µs  p99 {} µs from send, p99 {} µs from schedule | p99 from send {:.2}x",
+                        b.svc_p50_us,
+                        b.svc_p99_us,
+                        b.p99_us,
+                        t.svc_p99_us as f64 / b.svc_p99_us.max(1) as f64
                     );
                 }
-                println!("target {target}  rate {rate}/s  duration {duration} s  keys {keys}");
-                println!(
-                    "sent {}  ok {}  over_limit {}  errors {}",
-                    r.sent, r.ok, r.over_limit, r.errors
-                );
-                println!("throughput {:.0}/s", r.throughput);
-                println!(
-                    "latency µs from send      p50 {}  p99 {}  p99.9 {}",
-                    r.svc_p50_us, r.svc_p99_us, r.svc_p999_us
-                );
-                println!(
-                    "latency µs from schedule  p50 {}  p99 {}  p99.9 {}  max {}",
-                    r.p50_us, r.p99_us, r.p999_us, r.max_us
-                );
+                println!("{line}");
             }
+            println!("median run (by target p99 from send):");
+            println!(
+                "sent {}  ok {}  over_limit {}  errors {}",
+                r.sent, r.ok, r.over_limit, r.errors
+            );
+            println!("throughput {:.0}/s", r.throughput);
+            println!(
+                "latency µs from send      p50 {}  p99 {}  p99.9 {}",
+                r.svc_p50_us, r.svc_p99_us, r.svc_p999_us
+            );
+            println!(
+                "latency µs from schedule  p50 {}  p99 {}  p99.9 {}  max {}",
+                r.p50_us, r.p99_us, r.p999_us, r.max_us
+            );
             Ok(())
         }
+        Command::Noop { listen } => allot_simulations::noop::serve(&listen).await,
         Command::Steady {
             target,
             http,
