@@ -1,7 +1,8 @@
 //! `allotctl`: Allot's operators' CLI.
 //!
-//! * `allotctl replay --config FILE|DIR --trace FILE.jsonl`: decide a recorded trace against a
-//!   policy on a virtual clock (contract: `shared/acceptance/README.md`);
+//! * `allotctl replay --config FILE|DIR --trace FILE.jsonl [--through core|agent]`: decide a
+//!   recorded trace against a policy on a virtual clock (contract:
+//!   `shared/acceptance/README.md`), by the decision core or through an agent's APIs;
 //! * `allotctl validate --config FILE|DIR`: check a policy before rollout;
 //! * `allotctl cluster init | add-learner | change-membership | status`, `allotctl policy put`,
 //!   `allotctl shares set`, `allotctl status`: administer an allocator cluster over gRPC.
@@ -11,6 +12,7 @@
 
 mod admin;
 mod replay;
+mod through_agent;
 mod wire;
 
 use anyhow::Result;
@@ -35,6 +37,14 @@ enum SummaryFormat {
     None,
 }
 
+#[derive(Clone, Copy, ValueEnum)]
+enum Through {
+    /// `Limiter::decide`.
+    Core,
+    /// An agent's `allot.v1.Agent/Check` and `ShouldRateLimit` handlers.
+    Agent,
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Replay a JSONL trace of Envoy RateLimitRequests against a policy on a virtual clock.
@@ -51,6 +61,10 @@ enum Command {
         /// Summary format.
         #[arg(long, value_enum, default_value = "text")]
         summary: SummaryFormat,
+        /// What decides: the decision core, or an agent's gateway APIs in process (native
+        /// Check, cross-checked field by field against Envoy RLS; every rule `scope: local`).
+        #[arg(long, value_enum, default_value = "core")]
+        through: Through,
     },
     /// Validate a config file or folder; exits non-zero with the file, field and value at fault.
     Validate {
@@ -92,10 +106,18 @@ fn run(cli: Cli) -> Result<ExitCode> {
             config,
             trace,
             summary,
+            through,
         } => {
             let stdout = std::io::stdout();
             let mut lock = stdout.lock();
-            let s = replay::run(&config, &trace, &mut lock)?;
+            let s = match through {
+                Through::Core => replay::run(&config, &trace, &mut lock)?,
+                Through::Agent => {
+                    let set = replay::load(&config, &trace)?;
+                    let mut agent = through_agent::AgentDecider::new(set)?;
+                    replay::run_with(&mut agent, &trace, &mut lock)?
+                }
+            };
             match summary {
                 SummaryFormat::Text => eprint!("{}", s.table()),
                 SummaryFormat::Json => eprintln!("{}", serde_json::to_string(&s)?),

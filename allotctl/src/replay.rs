@@ -6,7 +6,9 @@
 use crate::wire::{parse_request, OwnedRequest};
 use allot_common::config::ConfigSet;
 use allot_common::limiter::{Code, DescriptorStatus, Limiter};
-use allot_common::units::{millis_to_nanos, nanos_to_millis_ceil, nanos_to_retry_after_secs};
+use allot_common::units::{
+    millis_to_nanos, nanos_to_millis_ceil, nanos_to_retry_after_secs, Nanos,
+};
 use allot_common::RetryAfter;
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
@@ -20,31 +22,129 @@ use std::path::{Path, PathBuf};
 struct DecisionLine<'a> {
     t_ms: u64,
     overall_code: &'static str,
-    statuses: Vec<StatusLine<'a>>,
+    statuses: &'a [StatusLine],
     retry_after_s: Option<u64>,
     policy_version: u64,
 }
 
-#[derive(Serialize)]
-struct StatusLine<'a> {
-    code: &'static str,
+/// One descriptor's answer in the output.
+#[derive(Serialize, Debug, Clone, PartialEq, Eq)]
+pub struct StatusLine {
+    /// `OK` or `OVER_LIMIT`.
+    pub code: &'static str,
+    /// The limit as configured; absent when no limit applies (or the API does not carry it).
     #[serde(skip_serializing_if = "Option::is_none")]
-    current_limit: Option<CurrentLimit>,
+    pub current_limit: Option<CurrentLimit>,
+    /// Whole tokens left; absent when no limit applies.
     #[serde(skip_serializing_if = "Option::is_none")]
-    limit_remaining: Option<u64>,
+    pub limit_remaining: Option<u64>,
+    /// Milliseconds until the limit is fully reset (rounded up); absent when no limit applies.
     #[serde(skip_serializing_if = "Option::is_none")]
-    duration_until_reset_ms: Option<u64>,
-    shadow_over_limit: bool,
+    pub duration_until_reset_ms: Option<u64>,
+    /// A shadow-mode limit would have denied.
+    pub shadow_over_limit: bool,
+    /// The limit's name; absent when no rule matched.
     #[serde(skip_serializing_if = "Option::is_none")]
-    policy: Option<&'a str>,
+    pub policy: Option<String>,
 }
 
-#[derive(Serialize)]
-struct CurrentLimit {
-    requests_per_unit: u64,
-    unit: &'static str,
-    unit_multiplier: u64,
-    algorithm: &'static str,
+/// `current_limit` of a status line.
+#[derive(Serialize, Debug, Clone, PartialEq, Eq)]
+pub struct CurrentLimit {
+    /// `requests_per_unit`.
+    pub requests_per_unit: u64,
+    /// `SECOND`, `MINUTE`, `HOUR` or `DAY`.
+    pub unit: &'static str,
+    /// `unit_multiplier`.
+    pub unit_multiplier: u64,
+    /// The algorithm's name.
+    pub algorithm: &'static str,
+}
+
+/// A decided request, whichever way it was decided.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decided {
+    /// The whole request's code.
+    pub code: Code,
+    /// Seconds to wait on OVER_LIMIT (at least 1); `None` when OK or when it can never pass.
+    pub retry_after_s: Option<u64>,
+    /// The config version that decided.
+    pub policy_version: u64,
+    /// One per request descriptor, in order.
+    pub statuses: Vec<StatusLine>,
+}
+
+/// What decides a trace's requests: the decision core itself, or an agent's APIs
+/// ([`crate::through_agent`]).
+pub trait Decider {
+    /// Makes `set` the config from `now_ns` on.
+    fn apply(&mut self, set: ConfigSet, now_ns: Nanos) -> Result<()>;
+    /// Decides `req` at `now_ns`; `Err` carries an invalid-argument message (nothing spent).
+    fn decide(&mut self, req: &OwnedRequest, now_ns: Nanos) -> Result<Decided, String>;
+}
+
+/// The decision core (`Limiter`) on the replay clock.
+pub struct CoreDecider {
+    limiter: Limiter,
+    statuses: Vec<DescriptorStatus>,
+}
+
+impl CoreDecider {
+    /// A limiter deciding with `set` from time 0.
+    pub fn new(set: ConfigSet) -> Self {
+        CoreDecider {
+            limiter: Limiter::new(set, 0),
+            statuses: Vec::with_capacity(8),
+        }
+    }
+}
+
+impl Decider for CoreDecider {
+    fn apply(&mut self, set: ConfigSet, now_ns: Nanos) -> Result<()> {
+        self.limiter.apply(set, now_ns);
+        Ok(())
+    }
+
+    fn decide(&mut self, req: &OwnedRequest, now_ns: Nanos) -> Result<Decided, String> {
+        let statuses = &mut self.statuses;
+        let outcome = req
+            .with_request(|r| self.limiter.decide(r, now_ns, statuses))
+            .map_err(|e| e.to_string())?;
+        let snap = self.limiter.snapshot();
+        let dom = snap.domain(&req.domain);
+        let lines = self
+            .statuses
+            .iter()
+            .map(|s| {
+                let name = s
+                    .rule_index
+                    .and_then(|i| dom.map(|d| d.config.rules[i as usize].name.clone()));
+                StatusLine {
+                    code: code_str(s.code),
+                    current_limit: s.limit.map(|l| CurrentLimit {
+                        requests_per_unit: l.requests_per_unit,
+                        unit: l.unit.envoy_name(),
+                        unit_multiplier: l.unit_multiplier,
+                        algorithm: l.algorithm.as_str(),
+                    }),
+                    limit_remaining: s.limit.map(|_| s.remaining),
+                    duration_until_reset_ms: s.limit.map(|_| nanos_to_millis_ceil(s.reset_after)),
+                    shadow_over_limit: s.shadow_over_limit,
+                    policy: name,
+                }
+            })
+            .collect();
+        Ok(Decided {
+            code: outcome.code,
+            retry_after_s: match (outcome.code, outcome.retry_after) {
+                (Code::Ok, _) | (_, RetryAfter::Never) => None,
+                (_, RetryAfter::Now) => Some(1),
+                (_, RetryAfter::After(ns)) => Some(nanos_to_retry_after_secs(ns)),
+            },
+            policy_version: outcome.policy_version,
+            statuses: lines,
+        })
+    }
 }
 
 #[derive(Serialize)]
@@ -85,6 +185,28 @@ pub struct Summary {
 }
 
 impl Summary {
+    /// Adds one decided request.
+    fn count(&mut self, d: &Decided) {
+        self.requests += 1;
+        match d.code {
+            Code::Ok => self.allowed += 1,
+            Code::OverLimit => self.denied += 1,
+        }
+        // Per limit: the descriptors a limit applied to (unlimited rules have no count).
+        for s in d.statuses.iter().filter(|s| s.limit_remaining.is_some()) {
+            let Some(name) = &s.policy else { continue };
+            let c = self.limits.entry(name.clone()).or_default();
+            match (d.code, s.code) {
+                (Code::Ok, _) => c.allowed += 1,
+                (Code::OverLimit, "OVER_LIMIT") => c.denied += 1,
+                (Code::OverLimit, _) => c.denied_by_other += 1,
+            }
+            if s.shadow_over_limit {
+                c.shadow_denied += 1;
+            }
+        }
+    }
+
     /// A table for humans.
     pub fn table(&self) -> String {
         let mut s = format!(
@@ -142,7 +264,7 @@ fn preload(trace: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Runs the replay, writing decisions to `out`. Returns the summary.
+/// Runs the replay through the decision core, writing decisions to `out`. Returns the summary.
 ///
 /// # Errors
 /// An unreadable trace, or a config (initial or switched to) that fails to load or validate:
@@ -150,13 +272,30 @@ fn preload(trace: &Path) -> Result<()> {
 pub fn run(config: &Path, trace: &Path, out: &mut dyn Write) -> Result<Summary> {
     let set = ConfigSet::load(config).map_err(|e| anyhow::anyhow!("{e}"))?;
     preload(trace)?;
+    run_with(&mut CoreDecider::new(set), trace, out)
+}
+
+/// Loads the config and every config the trace switches to (see [`run`]).
+///
+/// # Errors
+/// As [`run`].
+pub fn load(config: &Path, trace: &Path) -> Result<ConfigSet> {
+    let set = ConfigSet::load(config).map_err(|e| anyhow::anyhow!("{e}"))?;
+    preload(trace)?;
+    Ok(set)
+}
+
+/// Replays `trace` through `decider` (already holding the initial config), writing one line
+/// per request to `out`.
+///
+/// # Errors
+/// As [`run`], and when the decider refuses a config.
+pub fn run_with(decider: &mut dyn Decider, trace: &Path, out: &mut dyn Write) -> Result<Summary> {
     let file = std::fs::File::open(trace)
         .with_context(|| format!("{}: cannot open trace", trace.display()))?;
     let mut out = BufWriter::new(out);
     let mut clock_ms: Option<u64> = None;
-    let limiter = Limiter::new(set, 0);
     let mut summary = Summary::default();
-    let mut statuses: Vec<DescriptorStatus> = Vec::with_capacity(8);
     for (n, line) in std::io::BufReader::new(file).lines().enumerate() {
         let line = line.with_context(|| format!("{}: line {}", trace.display(), n + 1))?;
         if line.trim().is_empty() {
@@ -189,7 +328,7 @@ pub fn run(config: &Path, trace: &Path, out: &mut dyn Write) -> Result<Summary> 
             let now = *clock_ms.insert(clock_ms.map_or(t, |c| c.max(t)));
             let path = resolve(trace, name);
             let set = ConfigSet::load(&path).map_err(|e| anyhow::anyhow!("{e}"))?;
-            limiter.apply(set, millis_to_nanos(now));
+            decider.apply(set, millis_to_nanos(now))?;
             summary.config_changes += 1;
             continue;
         }
@@ -220,64 +359,21 @@ pub fn run(config: &Path, trace: &Path, out: &mut dyn Write) -> Result<Summary> 
                 continue;
             }
         };
-        let result =
-            owned.with_request(|req| limiter.decide(req, millis_to_nanos(now), &mut statuses));
-        let outcome = match result {
-            Ok(o) => o,
+        let d = match decider.decide(&owned, millis_to_nanos(now)) {
+            Ok(d) => d,
             Err(e) => {
                 summary.invalid += 1;
-                write_error(&mut out, Some(t), e.to_string())?;
+                write_error(&mut out, Some(t), e)?;
                 continue;
             }
         };
-        summary.requests += 1;
-        let snap = limiter.snapshot();
-        let dom = snap.domain(&owned.domain);
-        let mut lines = Vec::with_capacity(statuses.len());
-        for s in &statuses {
-            let name = s
-                .rule_index
-                .and_then(|i| dom.map(|d| d.config.rules[i as usize].name.as_str()));
-            if let (Some(_), Some(name)) = (s.limit, name) {
-                let c = summary.limits.entry(name.to_string()).or_default();
-                match (outcome.code, s.code) {
-                    (Code::Ok, _) => c.allowed += 1,
-                    (Code::OverLimit, Code::OverLimit) => c.denied += 1,
-                    (Code::OverLimit, Code::Ok) => c.denied_by_other += 1,
-                }
-                if s.shadow_over_limit {
-                    c.shadow_denied += 1;
-                }
-            }
-            lines.push(StatusLine {
-                code: code_str(s.code),
-                current_limit: s.limit.map(|l| CurrentLimit {
-                    requests_per_unit: l.requests_per_unit,
-                    unit: l.unit.envoy_name(),
-                    unit_multiplier: l.unit_multiplier,
-                    algorithm: l.algorithm.as_str(),
-                }),
-                limit_remaining: s.limit.map(|_| s.remaining),
-                duration_until_reset_ms: s.limit.map(|_| nanos_to_millis_ceil(s.reset_after)),
-                shadow_over_limit: s.shadow_over_limit,
-                policy: name,
-            });
-        }
-        match outcome.code {
-            Code::Ok => summary.allowed += 1,
-            Code::OverLimit => summary.denied += 1,
-        }
-        let retry_after_s = match (outcome.code, outcome.retry_after) {
-            (Code::Ok, _) | (_, RetryAfter::Never) => None,
-            (_, RetryAfter::Now) => Some(1),
-            (_, RetryAfter::After(ns)) => Some(nanos_to_retry_after_secs(ns)),
-        };
+        summary.count(&d);
         let line = DecisionLine {
             t_ms: t,
-            overall_code: code_str(outcome.code),
-            statuses: lines,
-            retry_after_s,
-            policy_version: outcome.policy_version,
+            overall_code: code_str(d.code),
+            statuses: &d.statuses,
+            retry_after_s: d.retry_after_s,
+            policy_version: d.policy_version,
         };
         serde_json::to_writer(&mut out, &line)?;
         out.write_all(b"\n")?;
@@ -286,7 +382,8 @@ pub fn run(config: &Path, trace: &Path, out: &mut dyn Write) -> Result<Summary> 
     Ok(summary)
 }
 
-fn code_str(c: Code) -> &'static str {
+/// Envoy's name of a code.
+pub fn code_str(c: Code) -> &'static str {
     match c {
         Code::Ok => "OK",
         Code::OverLimit => "OVER_LIMIT",

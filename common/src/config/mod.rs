@@ -360,4 +360,15 @@ impl ConfigSet {
     pub fn domains(&self) -> impl Iterator<Item = &DomainConfig> {
         self.domains.values()
     }
+
+    /// The same limits, every rule enforced with `scope` (seed §12): `Scope::Local` makes one
+    /// process the whole limiter, with no allocator, e.g. an agent replaying a trace on its own.
+    pub fn with_scope(mut self, scope: Scope) -> ConfigSet {
+        for d in self.domains.values_mut() {
+            for r in &mut d.rules {
+                r.scope = scope;
+            }
+        }
+        self
+    }
 }
