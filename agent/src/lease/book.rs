@@ -520,11 +520,15 @@ impl LeaseBook {
     }
 
     fn low_watermark(&self, v: &KeyLease) -> Micros {
-        let pct = u64::from(self.settings.low_watermark_pct);
-        match v.max_grant.checked_mul(pct) {
-            Some(m) => m / 100,
-            None => (u128::from(v.max_grant) * u128::from(pct) / 100) as u64,
-        }
+        percent_of(v.max_grant, self.settings.low_watermark_pct)
+    }
+}
+
+/// `pct` percent of `m`, rounded down, saturating at `u64::MAX`; a 64-bit product when it fits.
+fn percent_of(m: Micros, pct: u32) -> Micros {
+    match m.checked_mul(u64::from(pct)) {
+        Some(p) => p / 100,
+        None => u64::try_from(u128::from(m) * u128::from(pct) / 100).unwrap_or(u64::MAX),
     }
 }
 
@@ -749,4 +753,43 @@ pub(crate) fn emergency_params(p: &LimitParams, ppm: u32) -> Option<TokenBucket>
         capacity: s(cap).max(MICROS_PER_TOKEN),
         rate: rate.scaled(ppm)?,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percent_of_is_exact_across_the_64_bit_boundary() {
+        assert_eq!(percent_of(400, 25), 100);
+        assert_eq!(percent_of(399, 25), 99);
+        assert_eq!(percent_of(u64::MAX, 100), u64::MAX);
+        assert_eq!(percent_of(u64::MAX, 25), u64::MAX / 4);
+        assert_eq!(percent_of(u64::MAX, 50), u64::MAX / 2);
+        // Above 100 % the product leaves u64: saturate, never wrap.
+        assert_eq!(percent_of(u64::MAX, 200), u64::MAX);
+        assert_eq!(percent_of(u64::MAX / 2, u32::MAX), u64::MAX);
+    }
+
+    #[test]
+    fn time_for_is_exact_across_the_64_bit_boundary() {
+        let bucket = |micros, per_ns| LimitParams::TokenBucket {
+            capacity: u64::MAX,
+            rate: Rate { micros, per_ns },
+        };
+        // One token a second: a token takes exactly 1 s; at 3 microtokens per 10 ns one
+        // microtoken takes 3.33 ns, rounded up to 4.
+        assert_eq!(
+            time_for(1_000_000, bucket(1_000_000, 1_000_000_000)),
+            1_000_000_000
+        );
+        assert_eq!(time_for(1, bucket(3, 10)), 4);
+        // cost × per_ns beyond u64: the 128-bit path gives the same exact quotient.
+        assert_eq!(time_for(u64::MAX, bucket(u64::MAX, 2)), 2);
+        assert_eq!(time_for(u64::MAX, bucket(u64::MAX / 2, 1)), 3);
+        // A quotient beyond u64 saturates.
+        assert_eq!(time_for(u64::MAX, bucket(1, u64::MAX)), u64::MAX);
+        // A zero rate is treated as one microtoken per period, never a division by zero.
+        assert_eq!(time_for(5, bucket(0, 7)), 35);
+    }
 }
