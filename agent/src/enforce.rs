@@ -5,7 +5,7 @@
 //! network is a key's first allocation (cold), bounded by `cold_wait_ms` and counted.
 
 use crate::lease::{LeaseBook, LeaseSettings, LeaseTables, LeaseView};
-use crate::slots::{SlotOutcome, Slots};
+use crate::slots::{SlotOutcome, SlotTables, Slots};
 use allot_common::clock::Clock;
 use allot_common::concurrency::Permit;
 use allot_common::config::ConfigSet;
@@ -26,17 +26,19 @@ pub struct Enforcer {
     book: Arc<LeaseBook>,
     clock: Arc<dyn Clock>,
     slots: Slots,
-    /// The snapshot decisions use with the lease tables built from it: one load per decision,
-    /// and a decision never pairs one config version's rules with another's tables.
+    /// The snapshot decisions use with the lease and slot tables built from it: one load per
+    /// decision, and everything a decision does (spend, cold wait, slots, refund, the rule names
+    /// of its answer) uses that one config version.
     current: ArcSwap<Current>,
     /// Serialises [`Enforcer::apply`], so the pair stored last is the newest.
     applying: Mutex<()>,
 }
 
-/// A config snapshot and the lease tables built from it.
+/// A config snapshot and the lease and slot tables built from it.
 struct Current {
     snapshot: Arc<Snapshot>,
     leases: Arc<LeaseTables>,
+    slots: Arc<SlotTables>,
 }
 
 impl std::fmt::Debug for Enforcer {
@@ -53,13 +55,17 @@ impl Enforcer {
         let snapshot = limiter.snapshot();
         let leases = book.apply(&snapshot);
         let slots = Slots::default();
-        slots.apply(&snapshot);
+        let slot_tables = slots.apply(&snapshot);
         Enforcer {
             limiter,
             book,
             clock,
             slots,
-            current: ArcSwap::from_pointee(Current { snapshot, leases }),
+            current: ArcSwap::from_pointee(Current {
+                snapshot,
+                leases,
+                slots: slot_tables,
+            }),
             applying: Mutex::new(()),
         }
     }
@@ -70,8 +76,12 @@ impl Enforcer {
         let v = self.limiter.apply(config, self.clock.now());
         let snapshot = self.limiter.snapshot();
         let leases = self.book.apply(&snapshot);
-        self.slots.apply(&snapshot);
-        self.current.store(Arc::new(Current { snapshot, leases }));
+        let slots = self.slots.apply(&snapshot);
+        self.current.store(Arc::new(Current {
+            snapshot,
+            leases,
+            slots,
+        }));
         v
     }
 
@@ -80,9 +90,9 @@ impl Enforcer {
         &self.slots
     }
 
-    /// The current config snapshot.
+    /// The config snapshot decisions use now.
     pub fn snapshot(&self) -> Arc<Snapshot> {
-        self.limiter.snapshot()
+        self.current.load().snapshot.clone()
     }
 
     /// The lease book.
@@ -109,7 +119,15 @@ impl Enforcer {
         req: &Request<'_>,
         statuses: &mut Vec<DescriptorStatus>,
     ) -> Result<Outcome, RequestError> {
-        let current = self.current.load();
+        self.decide_in(&self.current.load(), req, statuses)
+    }
+
+    fn decide_in(
+        &self,
+        current: &Current,
+        req: &Request<'_>,
+        statuses: &mut Vec<DescriptorStatus>,
+    ) -> Result<Outcome, RequestError> {
         let leases = LeaseView::new(&self.book, &current.leases);
         current
             .snapshot
@@ -128,7 +146,16 @@ impl Enforcer {
         unused: &[allot_common::units::Micros],
         spent_at: allot_common::units::Nanos,
     ) -> Result<(), RequestError> {
-        let current = self.current.load();
+        self.refund_in(&self.current.load(), req, unused, spent_at)
+    }
+
+    fn refund_in(
+        &self,
+        current: &Current,
+        req: &Request<'_>,
+        unused: &[allot_common::units::Micros],
+        spent_at: allot_common::units::Nanos,
+    ) -> Result<(), RequestError> {
         let leases = LeaseView::new(&self.book, &current.leases);
         current
             .snapshot
@@ -145,9 +172,19 @@ impl Enforcer {
         req: &Request<'_>,
         statuses: &mut Vec<DescriptorStatus>,
     ) -> Result<Outcome, RequestError> {
-        let first = self.decide_now(req, statuses)?;
+        Ok(self.decide_current(req, statuses).await?.0)
+    }
+
+    /// [`decide`](Self::decide), returning the config it decided with too.
+    async fn decide_current(
+        &self,
+        req: &Request<'_>,
+        statuses: &mut Vec<DescriptorStatus>,
+    ) -> Result<(Outcome, Arc<Current>), RequestError> {
+        let current = self.current.load_full();
+        let first = self.decide_in(&current, req, statuses)?;
         if !first.awaiting_lease {
-            return Ok(first);
+            return Ok((first, current));
         }
         self.book
             .counters
@@ -159,7 +196,7 @@ impl Enforcer {
             let Some(ri) = statuses.get(i).and_then(|s| s.rule_index) else {
                 continue;
             };
-            let Some(kl) = self.book.existing(req.domain, ri, d.entries) else {
+            let Some(kl) = current.leases.existing(req.domain, ri, d.entries) else {
                 continue;
             };
             // Register for the wake-up before checking, so a finish in between is not missed.
@@ -169,10 +206,14 @@ impl Enforcer {
             }
             let _ = tokio::time::timeout_at(deadline, notified).await;
         }
-        self.decide_now(req, statuses)
+        // The config may have changed while waiting: decide with the one current now.
+        let current = self.current.load_full();
+        let outcome = self.decide_in(&current, req, statuses)?;
+        Ok((outcome, current))
     }
 
-    /// Decides `req` as [`decide`](Self::decide), then takes one concurrency slot per admitted
+    /// Decides `req` as [`decide`](Self::decide) and returns the config snapshot that decided
+    /// (for rule names), then takes one concurrency slot per admitted
     /// descriptor whose rule has `max_in_flight` (seed §25), into `permits` (cleared first;
     /// dropping a permit frees its slot). All-or-nothing: when an enforced key has no free slot
     /// the request is denied with [`Reason::ConcurrencyLimit`] on that descriptor, the slots
@@ -190,18 +231,19 @@ impl Enforcer {
         req: &Request<'_>,
         statuses: &mut Vec<DescriptorStatus>,
         permits: &mut Vec<Permit>,
-    ) -> Result<Outcome, RequestError> {
+    ) -> Result<(Outcome, Arc<Snapshot>), RequestError> {
         permits.clear();
-        let mut outcome = self.decide(req, statuses).await?;
-        if outcome.code != Code::Ok || !self.slots.any_capped(req.domain) {
-            return Ok(outcome);
+        let (mut outcome, current) = self.decide_current(req, statuses).await?;
+        let snapshot = current.snapshot.clone();
+        if outcome.code != Code::Ok || !current.slots.any_capped(req.domain) {
+            return Ok((outcome, snapshot));
         }
         let now = self.clock.now();
         let mut full = None;
         for (i, d) in req.descriptors.iter().enumerate() {
             let Some(s) = statuses.get_mut(i) else { break };
             let Some(ri) = s.rule_index else { continue };
-            match self.slots.acquire(req.domain, ri, d.entries) {
+            match current.slots.acquire(req.domain, ri, d.entries) {
                 SlotOutcome::Uncapped => {}
                 SlotOutcome::Held(p) => permits.push(p),
                 SlotOutcome::Full { .. } if s.shadow_mode => s.shadow_over_limit = true,
@@ -212,7 +254,7 @@ impl Enforcer {
             }
         }
         let Some(denied) = full else {
-            return Ok(outcome);
+            return Ok((outcome, snapshot));
         };
         permits.clear();
         // Undo the rate spend of every descriptor that spent (allowed with a limit).
@@ -228,7 +270,7 @@ impl Enforcer {
             unused.push(tokens_to_micros(cost));
         }
         if unused.iter().any(|u| *u > 0) {
-            self.refund(req, &unused, now)?;
+            self.refund_in(&current, req, &unused, now)?;
         }
         let wait = RetryAfter::After(self.settings().retry_floor_ns());
         if let Some(s) = statuses.get_mut(denied) {
@@ -238,6 +280,6 @@ impl Enforcer {
         }
         outcome.code = Code::OverLimit;
         outcome.retry_after = wait;
-        Ok(outcome)
+        Ok((outcome, snapshot))
     }
 }

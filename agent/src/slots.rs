@@ -29,81 +29,21 @@ pub struct RuleSlots {
 }
 
 /// Per domain, per rule index: the rule's slots, `None` for rules without `max_in_flight`.
-type Tables = HashMap<String, Vec<Option<Arc<RuleSlots>>>>;
-
-/// What [`Slots::acquire`] found.
-#[derive(Debug)]
-pub enum SlotOutcome {
-    /// The rule has no concurrency cap.
-    Uncapped,
-    /// A slot was taken; dropping the permit frees it.
-    Held(Permit),
-    /// Every slot is taken (or the rule's key table is full): the cap that applied.
-    Full {
-        /// The key's cap.
-        max: u64,
-    },
-}
-
-/// Concurrency limiters of every capped rule of the current config.
+/// Per domain (only domains with a capped rule), per rule index: the rule's slots. Built by
+/// [`Slots::apply`] from one config snapshot.
 #[derive(Debug, Default)]
-pub struct Slots {
-    tables: ArcSwap<Tables>,
-    /// Rule id → its slots, so limiters (and the permits on them) survive a config change that
-    /// keeps the rule and its cap.
-    by_rule: Mutex<HashMap<String, Arc<RuleSlots>>>,
-}
+pub struct SlotTables(HashMap<String, Vec<Option<Arc<RuleSlots>>>>);
 
-fn capped(r: &Rule) -> Option<u64> {
-    r.max_in_flight
-}
-
-impl Slots {
-    /// Rebuilds the per-rule tables for a new config snapshot. A rule whose id and cap are
-    /// unchanged keeps its limiters; a changed cap starts afresh (permits held on the old
-    /// limiters still release into them, harmlessly).
-    pub fn apply(&self, snap: &Snapshot) {
-        let mut by_rule = self.by_rule.lock();
-        let mut next: HashMap<String, Arc<RuleSlots>> = HashMap::new();
-        let mut tables: Tables = HashMap::new();
-        for d in snap.domains() {
-            let v: Vec<Option<Arc<RuleSlots>>> = d
-                .config
-                .rules
-                .iter()
-                .map(|r| {
-                    let max = capped(r)?;
-                    let t = match by_rule.get(&r.id) {
-                        Some(t) if t.max == max => t.clone(),
-                        _ => Arc::new(RuleSlots {
-                            max,
-                            max_keys: r.max_keys,
-                            rule_name: r.name.clone(),
-                            table: ShardedTable::default(),
-                        }),
-                    };
-                    next.insert(r.id.clone(), t.clone());
-                    Some(t)
-                })
-                .collect();
-            if v.iter().any(Option::is_some) {
-                tables.insert(d.config.domain.clone(), v);
-            }
-        }
-        *by_rule = next;
-        self.tables.store(Arc::new(tables));
-    }
-
+impl SlotTables {
     /// Whether any rule of `domain` caps concurrency (a quick test before per-descriptor work).
     #[inline]
     pub fn any_capped(&self, domain: &str) -> bool {
-        self.tables.load().contains_key(domain)
+        self.0.contains_key(domain)
     }
 
     /// Takes one slot of the key `entries` of rule `rule_index` in `domain`.
     pub fn acquire(&self, domain: &str, rule_index: u32, entries: &[Entry<'_>]) -> SlotOutcome {
-        let tables = self.tables.load();
-        let Some(Some(rs)) = tables.get(domain).and_then(|v| v.get(rule_index as usize)) else {
+        let Some(Some(rs)) = self.0.get(domain).and_then(|v| v.get(rule_index as usize)) else {
             return SlotOutcome::Uncapped;
         };
         let h = rs.table.hash(entries);
@@ -135,11 +75,90 @@ impl Slots {
         }
         SlotOutcome::Full { max: rs.max }
     }
+}
+
+/// What [`Slots::acquire`] found.
+#[derive(Debug)]
+pub enum SlotOutcome {
+    /// The rule has no concurrency cap.
+    Uncapped,
+    /// A slot was taken; dropping the permit frees it.
+    Held(Permit),
+    /// Every slot is taken (or the rule's key table is full): the cap that applied.
+    Full {
+        /// The key's cap.
+        max: u64,
+    },
+}
+
+/// Concurrency limiters of every capped rule of the current config.
+#[derive(Debug, Default)]
+pub struct Slots {
+    tables: ArcSwap<SlotTables>,
+    /// Rule id → its slots, so limiters (and the permits on them) survive a config change that
+    /// keeps the rule and its cap.
+    by_rule: Mutex<HashMap<String, Arc<RuleSlots>>>,
+}
+
+fn capped(r: &Rule) -> Option<u64> {
+    r.max_in_flight
+}
+
+impl Slots {
+    /// Rebuilds the per-rule tables for a new config snapshot and returns them. A rule whose
+    /// id and cap are unchanged keeps its limiters; a changed cap starts afresh (permits held
+    /// on the old limiters still release into them, harmlessly).
+    pub fn apply(&self, snap: &Snapshot) -> Arc<SlotTables> {
+        let mut by_rule = self.by_rule.lock();
+        let mut next: HashMap<String, Arc<RuleSlots>> = HashMap::new();
+        let mut tables = HashMap::new();
+        for d in snap.domains() {
+            let v: Vec<Option<Arc<RuleSlots>>> = d
+                .config
+                .rules
+                .iter()
+                .map(|r| {
+                    let max = capped(r)?;
+                    let t = match by_rule.get(&r.id) {
+                        Some(t) if t.max == max => t.clone(),
+                        _ => Arc::new(RuleSlots {
+                            max,
+                            max_keys: r.max_keys,
+                            rule_name: r.name.clone(),
+                            table: ShardedTable::default(),
+                        }),
+                    };
+                    next.insert(r.id.clone(), t.clone());
+                    Some(t)
+                })
+                .collect();
+            if v.iter().any(Option::is_some) {
+                tables.insert(d.config.domain.clone(), v);
+            }
+        }
+        *by_rule = next;
+        let tables = Arc::new(SlotTables(tables));
+        self.tables.store(tables.clone());
+        tables
+    }
+
+    /// Whether any rule of `domain` caps concurrency, in the current tables.
+    #[inline]
+    pub fn any_capped(&self, domain: &str) -> bool {
+        self.tables.load().any_capped(domain)
+    }
+
+    /// Takes one slot of the key `entries` of rule `rule_index` in `domain`, in the current
+    /// tables.
+    pub fn acquire(&self, domain: &str, rule_index: u32, entries: &[Entry<'_>]) -> SlotOutcome {
+        self.tables.load().acquire(domain, rule_index, entries)
+    }
 
     /// The cap of rule `rule_index` in `domain`, when it has one.
     pub fn cap(&self, domain: &str, rule_index: u32) -> Option<u64> {
         self.tables
             .load()
+            .0
             .get(domain)?
             .get(rule_index as usize)?
             .as_ref()

@@ -1,8 +1,9 @@
 //! Per-key state of one rule: a sharded hash table of slots with a cap on distinct keys and
 //! eviction of idle state (seed §3: memory stays bounded however random the keys are).
 //!
-//! Concurrency: a lookup takes one shard's read lock only long enough to clone the slot's `Arc`;
-//! the decision then holds that one slot's mutex, so concurrent decisions on one key serialise
+//! Concurrency: a lookup takes one shard's read lock, either just long enough to clone the slot's
+//! `Arc` or, on the one-descriptor path ([`KeyTable::with_slot`]), for the decision itself; the
+//! decision holds that one slot's mutex, so concurrent decisions on one key serialise
 //! (no token is spent twice) while different keys never contend. There is no global lock. A slot
 //! removed by eviction is marked `evicted` under its mutex, and a decision that finds that mark
 //! looks the key up again, so it never spends on an orphaned slot.
@@ -42,7 +43,8 @@ impl<V> Keyed<V> {
 
 /// A concurrent map from descriptor entries to values, looked up without building the key:
 /// 16 shards, each a read-write-locked hash table, with a per-table random hash seed.
-/// Lookups hold a shard's read lock only while cloning the value's `Arc`.
+/// Lookups hold a shard's read lock while cloning the value's `Arc`, or while a closure given the
+/// value runs ([`try_with`](Self::try_with)).
 pub struct ShardedTable<V> {
     shards: Box<[Shard<V>]>,
     hasher: foldhash::quality::RandomState,
@@ -116,7 +118,7 @@ impl<V> ShardedTable<V> {
         }
     }
 
-    /// As [`with`](Self::with), inserting `make()` first when the key is absent.
+    /// As [`try_with`](Self::try_with), inserting `make()` first when the key is absent.
     #[inline]
     pub fn with_or_insert<R>(
         &self,
@@ -214,8 +216,29 @@ pub struct SlotState {
     pub evicted: bool,
     /// The parameters `state` was last decided under (to detect a policy change).
     pub params: LimitParams,
+    /// The config version `params` belong to. State only ever moves to a newer version: a
+    /// decision still holding an older snapshot decides with these (newer) parameters instead
+    /// of moving the state back (seed §28).
+    pub version: u64,
     /// The algorithm state.
     pub state: LimitState,
+}
+
+impl SlotState {
+    /// Moves the state to `params` of config `version` as of `at` (seed §28), unless it already
+    /// holds a version at least as new; returns the parameters to decide with (the newest).
+    #[inline]
+    pub fn advance(&mut self, params: &LimitParams, version: u64, at: Nanos) -> LimitParams {
+        if self.version < version {
+            if self.params != *params {
+                let st = std::mem::replace(&mut self.state, params.initial_state(at));
+                self.state = params.transition_from(&self.params, st, at);
+                self.params = *params;
+            }
+            self.version = version;
+        }
+        self.params
+    }
 }
 
 /// One key's slot: its state behind a mutex; lock it for a decision.
@@ -285,6 +308,7 @@ impl KeyTable {
         entries: &[Entry<'_>],
         hash: u64,
         params: &LimitParams,
+        version: u64,
         now: Nanos,
     ) -> Result<Arc<Slot>, TableFull> {
         if let Some(s) = self.table.get(entries, hash) {
@@ -302,6 +326,7 @@ impl KeyTable {
                 Mutex::new(SlotState {
                     evicted: false,
                     params: *params,
+                    version,
                     state: params.initial_state(now),
                 })
             })
@@ -321,12 +346,13 @@ impl KeyTable {
         entries: &[Entry<'_>],
         hash: u64,
         params: &LimitParams,
+        version: u64,
         now: Nanos,
         f: impl FnOnce(&Slot) -> R,
     ) -> Result<R, TableFull> {
         match self.table.try_with(entries, hash, |s| f(s)) {
             Ok(r) => Ok(r),
-            Err(f) => Ok(f(&self.slot(entries, hash, params, now)?)),
+            Err(f) => Ok(f(&self.slot(entries, hash, params, version, now)?)),
         }
     }
 
@@ -358,16 +384,12 @@ impl KeyTable {
     /// Moves every key's state to `params` as of `at` (seed §28), so a later config change
     /// cannot skip this version's period. Keys created concurrently under the old version are
     /// transitioned lazily by the limiter on their next decision.
-    pub fn transition_all(&self, params: &LimitParams, at: Nanos) {
+    pub fn transition_all(&self, params: &LimitParams, version: u64, at: Nanos) {
         self.table.for_each(|slot| {
             let mut g = slot.value.lock();
-            if g.evicted || g.params == *params {
-                return;
+            if !g.evicted {
+                g.advance(params, version, at);
             }
-            let old = g.params;
-            let st = std::mem::replace(&mut g.state, params.initial_state(at));
-            g.state = params.transition_from(&old, st, at);
-            g.params = *params;
         });
     }
 

@@ -223,7 +223,7 @@ impl Limiter {
                     .unwrap_or_else(|| Arc::new(KeyTable::new(r.max_keys)));
                 t.set_max_keys(r.max_keys);
                 if let RuleLimit::Limited { params, .. } = r.limit {
-                    t.transition_all(&params, now);
+                    t.transition_all(&params, version, now);
                 }
                 next.insert(r.id.clone(), t.clone());
                 ts.push(t);
@@ -397,7 +397,8 @@ impl Snapshot {
                 ),
                 _ => {
                     let table = &dom.tables[ri];
-                    if let Ok(slot) = table.slot(d.entries, table.hash(d.entries), &params, now) {
+                    let hash = table.hash(d.entries);
+                    if let Ok(slot) = table.slot(d.entries, hash, &params, self.version, now) {
                         let mut g = slot.value.lock();
                         if !g.evicted {
                             let p = g.params;
@@ -495,7 +496,9 @@ impl Snapshot {
             }
             let table = &dom.tables[ri];
             // `None`: the key table is full (TableFull).
-            let slot = table.slot(entries, table.hash(entries), &params, now).ok();
+            let slot = table
+                .slot(entries, table.hash(entries), &params, snap.version, now)
+                .ok();
             items.push(Target::Limited(Item {
                 rule,
                 rule_index: ri as u32,
@@ -552,11 +555,7 @@ impl Snapshot {
             let Target::Limited(it) = &items[*first] else {
                 continue;
             };
-            if g.params != it.params {
-                let st = std::mem::replace(&mut g.state, it.params.initial_state(now));
-                g.state = it.params.transition_from(&g.params, st, snap.activated_at);
-                g.params = it.params;
-            }
+            g.advance(&it.params, snap.version, snap.activated_at);
         }
 
         // Check every limit.
@@ -734,19 +733,16 @@ fn decide_one<G: GlobalLimits>(
         _ => {
             let table = &dom.tables[ri];
             let hash = table.hash(entries);
-            let decided = table.with_slot(entries, hash, &params, now, |slot| {
+            let decided = table.with_slot(entries, hash, &params, snap.version, now, |slot| {
                 let mut g = slot.value.lock();
                 if g.evicted {
                     return None;
                 }
-                if g.params != params {
-                    let st = std::mem::replace(&mut g.state, params.initial_state(now));
-                    g.state = params.transition_from(&g.params, st, snap.activated_at);
-                    g.params = params;
-                }
-                let d = params.check(&mut g.state, now, cost);
+                // The slot's parameters after the move to this version (or a newer one's).
+                let p = g.advance(&params, snap.version, snap.activated_at);
+                let d = p.check(&mut g.state, now, cost);
                 if d.allowed {
-                    params.spend(&mut g.state, now, cost);
+                    p.spend(&mut g.state, now, cost);
                 }
                 Some(d)
             });
@@ -965,6 +961,51 @@ descriptors:
             *self.left.borrow_mut().get_mut(&name).expect("reserved") += cost;
         }
         fn refund(&self, _: GlobalKey<'_>, _: Micros, _: Nanos) {}
+    }
+
+    fn config(burst: u32) -> ConfigSet {
+        let yaml = format!(
+            "domain: p\ndescriptors:\n  - key: k\n    rate_limit: {{unit: hour, requests_per_unit: 1, burst: {burst}}}\n"
+        );
+        ConfigSet::from_yaml(&yaml, Path::new("p.yaml")).expect("valid")
+    }
+
+    /// A decision that loaded the snapshot before a config change (as one in flight does)
+    /// decides with the newer parameters the key already moved to; it never moves the key
+    /// back, which would undo a lowered burst and then raise it again.
+    #[test]
+    fn a_stale_snapshot_never_moves_a_key_back() {
+        let l = Limiter::new(config(10), 0);
+        let entries = [Entry {
+            key: "k",
+            value: "a",
+        }];
+        let descriptors = [Descriptor {
+            entries: &entries,
+            hits_addend: None,
+        }];
+        let req = Request {
+            domain: "p",
+            descriptors: &descriptors,
+            hits_addend: None,
+        };
+        let mut st = Vec::new();
+        // The key exists: 10 - 1 = 9 left.
+        assert_eq!(l.decide(&req, 0, &mut st).unwrap().code, Code::Ok);
+        let old = l.snapshot();
+        // Burst lowered to 5 at t = 1 µs: the key is clamped to 5; every decision below, with
+        // the old snapshot or the new, spends from those 5.
+        l.apply(config(5), 1_000);
+        for (snap, left) in [(&old, 4), (&l.snapshot(), 2)] {
+            let o = snap
+                .decide_general(&req, 1_000, &mut st, None::<&NoGlobal>)
+                .unwrap();
+            assert_eq!((o.code, st[0].remaining), (Code::Ok, left));
+            let o = snap
+                .decide_inner(&req, 1_000, &mut st, None::<&NoGlobal>)
+                .unwrap();
+            assert_eq!((o.code, st[0].remaining), (Code::Ok, left - 1));
+        }
     }
 
     const KEYS: [&str; 11] = [

@@ -108,7 +108,8 @@ pub async fn run_load(
         .map(|_| client(addr))
         .collect::<anyhow::Result<Vec<_>>>()?;
     let recorder = Arc::new(Recorder::new()?);
-    let slots = max_in_flight.max(1);
+    // Every permit is taken back at the end in one `acquire_many(u32)`.
+    let slots = max_in_flight.clamp(1, (u32::MAX as usize).min(Semaphore::MAX_PERMITS));
     let sem = Arc::new(Semaphore::new(slots));
     let interval_ns = 1_000_000_000 / rate.max(1);
     let total = (rate as u128 * duration.as_nanos() / 1_000_000_000) as u64;

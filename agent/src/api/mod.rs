@@ -367,7 +367,7 @@ impl Gateway {
             .await;
         // A full key may be full of requests the gateway forgot to finish: expire what is due
         // and decide once more (the denial spent nothing, so deciding again is exact).
-        if let Ok(o) = &outcome {
+        if let Ok((o, _)) = &outcome {
             let concurrency = statuses
                 .iter()
                 .any(|s| s.reason == Reason::ConcurrencyLimit);
@@ -381,14 +381,13 @@ impl Gateway {
                     .await;
             }
         }
-        let outcome = match outcome {
+        let (outcome, snapshot) = match outcome {
             Ok(o) => o,
             Err(e) => {
                 self.metrics.invalid();
                 return Err(e.into());
             }
         };
-        let snapshot = self.enforcer.snapshot();
         if outcome.code == Code::OverLimit && outcome.retry_after == RetryAfter::Never {
             // Denied, so nothing was spent; name the descriptor that can never pass.
             self.metrics.invalid();

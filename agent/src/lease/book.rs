@@ -156,6 +156,17 @@ impl LeaseTables {
     fn table(&self, domain: &str, rule_index: u32) -> Option<&Arc<ShardedTable<KeyLease>>> {
         self.0.get(domain)?.get(rule_index as usize)?.as_ref()
     }
+
+    /// The lease state of key `entries` of rule `rule_index` in `domain`, if it exists.
+    pub fn existing(
+        &self,
+        domain: &str,
+        rule_index: u32,
+        entries: &[Entry<'_>],
+    ) -> Option<Arc<Keyed<KeyLease>>> {
+        let table = self.table(domain, rule_index)?;
+        table.get(entries, table.hash(entries))
+    }
 }
 
 /// The book as seen with one [`LeaseTables`]: the [`GlobalLimits`] a decision made with the
@@ -265,25 +276,19 @@ impl LeaseBook {
         self.reachable.store(up, Ordering::Relaxed);
     }
 
-    /// The key's lease state, created on first sight.
-    pub fn key(&self, key: &GlobalKey<'_>) -> Option<Arc<Keyed<KeyLease>>> {
-        let tables = self.tables.load();
-        let table = tables.table(key.domain, key.rule_index)?;
-        let h = table.hash(key.entries);
-        Some(table.get_or_insert_with(key.entries, h, || new_key(key)))
-    }
-
     /// Calls `f` with the key's lease state (created on first sight) while its shard's read lock
     /// is held, so the hot path touches no reference count; `None` when the rule is not leased.
     #[inline]
     fn with_key<R>(
         tables: &LeaseTables,
         key: &GlobalKey<'_>,
+        now: Nanos,
         f: impl FnOnce(&Arc<Keyed<KeyLease>>) -> R,
     ) -> Option<R> {
         let table = tables.table(key.domain, key.rule_index)?;
         let h = table.hash(key.entries);
-        Some(table.with_or_insert(key.entries, h, || new_key(key), f))
+        // Created as used now, so the manager's idle eviction cannot take it before it is.
+        Some(table.with_or_insert(key.entries, h, || new_key(key, now), f))
     }
 
     /// The key's lease state if it exists (no creation).
@@ -293,9 +298,7 @@ impl LeaseBook {
         rule_index: u32,
         entries: &[Entry<'_>],
     ) -> Option<Arc<Keyed<KeyLease>>> {
-        let tables = self.tables.load();
-        let table = tables.table(domain, rule_index)?;
-        table.get(entries, table.hash(entries))
+        self.tables.load().existing(domain, rule_index, entries)
     }
 
     /// Asks the manager for an allocation unless one is in flight or a retry is not due.
@@ -336,9 +339,22 @@ impl LeaseBook {
         now: Nanos,
         mode: Mode,
     ) -> GlobalDecision<LeaseReservation> {
-        Self::with_key(tables, &key, |kl| self.decide_key(kl, cost, now, mode))
-            // A rule that is not leased never reaches here; deny rather than admit unlimited.
-            .unwrap_or_else(|| denied(0, RetryAfter::After(self.settings.retry_floor_ns()), false))
+        // Capacity from the rule as configured now (a key's own parameters are those of the
+        // config it was first seen under): a cost that can never pass is refused before any
+        // allocation is looked at, warm key or cold.
+        let capacity = match key.rule.limit {
+            RuleLimit::Limited { params, .. } => params.capacity(),
+            RuleLimit::Unlimited => Micros::MAX,
+        };
+        Self::with_key(tables, &key, now, |kl| {
+            if cost > capacity {
+                kl.value.last_used.store(now, Ordering::Relaxed);
+                return denied(kl.value.remaining(now), RetryAfter::Never, false);
+            }
+            self.decide_key(kl, cost, now, mode)
+        })
+        // A rule that is not leased never reaches here; deny rather than admit unlimited.
+        .unwrap_or_else(|| denied(0, RetryAfter::After(self.settings.retry_floor_ns()), false))
     }
 
     /// The hot path: a warm key without a fuse whose allocations cover the cost. Everything
@@ -402,10 +418,6 @@ impl LeaseBook {
         let take = mode != Mode::Peek;
         let v = &kl.value;
         v.last_used.store(now, Ordering::Relaxed);
-        let capacity = v.params.capacity();
-        if cost > capacity {
-            return denied(v.remaining(now), RetryAfter::Never, false);
-        }
         // Whether the key was cold is read before its allocations: the Acquire that this very
         // decision may start can finish (on another thread) before the check below, and a key
         // answered in between would then be denied as warm-but-empty without waiting for the
@@ -537,7 +549,7 @@ pub fn leased(r: &Rule) -> bool {
     r.scope == Scope::Global && matches!(r.limit, RuleLimit::Limited { .. })
 }
 
-fn new_key(key: &GlobalKey<'_>) -> KeyLease {
+fn new_key(key: &GlobalKey<'_>, now: Nanos) -> KeyLease {
     let params = match key.rule.limit {
         RuleLimit::Limited { params, .. } => params,
         // `key` is only called for leased rules, which are limited.
@@ -580,7 +592,7 @@ fn new_key(key: &GlobalKey<'_>) -> KeyLease {
             _ => None,
         },
         fuse_state: Mutex::new(None),
-        last_used: AtomicU64::new(0),
+        last_used: AtomicU64::new(now),
     }
 }
 
@@ -675,7 +687,7 @@ impl LeaseBook {
     /// Gives back `micros` an admitted request did not use: to the key's newest allocations,
     /// only what they have not reported yet (seed §24).
     fn refund(&self, tables: &LeaseTables, key: GlobalKey<'_>, micros: Micros, now: Nanos) {
-        Self::with_key(tables, &key, |kl| Self::refund_key(kl, micros, now));
+        Self::with_key(tables, &key, now, |kl| Self::refund_key(kl, micros, now));
     }
 
     fn refund_key(kl: &Keyed<KeyLease>, micros: Micros, now: Nanos) {

@@ -274,3 +274,51 @@ fn the_fuse_rejects_floods_before_the_lease_path() {
     r.clock.advance(1_000 * MS);
     assert_eq!(decide(&r, &[("flood", "f")], None).0, Code::Ok);
 }
+
+/// A cost above the rule's capacity as configured now is refused (it can never pass), warm key
+/// or cold, whatever the key's allocations or the config it was first seen under.
+#[test]
+fn capacity_comes_from_the_current_rule_not_the_key() {
+    let r = rig();
+    decide(&r, &[("tenant", "acme")], None);
+    let a = install(&r, &[("tenant", "acme")], 0, 1, 30 * T, 5000);
+    let ask = |cost: u64| {
+        let es = [Entry {
+            key: "tenant",
+            value: "acme",
+        }];
+        let ds = [Descriptor {
+            entries: &es,
+            hits_addend: Some(cost),
+        }];
+        let req = Request {
+            domain: "api",
+            descriptors: &ds,
+            hits_addend: None,
+        };
+        let mut st = Vec::new();
+        let o = r.enforcer.decide_now(&req, &mut st).unwrap();
+        (o.code, o.retry_after, st[0].reason)
+    };
+    assert_eq!(ask(10).0, Code::Ok);
+    assert_eq!(a.spent(), 10 * T);
+    // Burst lowered to 5 (same rule id: the key and its allocation are kept).
+    let lowered = POLICY.replacen("burst: 40", "burst: 5", 1);
+    r.enforcer
+        .apply(ConfigSet::from_yaml(&lowered, Path::new("p.yaml")).unwrap());
+    assert_eq!(
+        ask(10),
+        (
+            Code::OverLimit,
+            RetryAfter::Never,
+            Reason::CostExceedsCapacity
+        )
+    );
+    assert_eq!(a.spent(), 10 * T, "nothing spent");
+    assert_eq!(ask(5).0, Code::Ok);
+    // Raised again: the same cost passes from the same allocation.
+    r.enforcer
+        .apply(ConfigSet::from_yaml(POLICY, Path::new("p.yaml")).unwrap());
+    assert_eq!(ask(10).0, Code::Ok);
+    assert_eq!(a.spent(), 25 * T);
+}
