@@ -270,9 +270,7 @@ fn preload(trace: &Path) -> Result<()> {
 /// An unreadable trace, or a config (initial or switched to) that fails to load or validate:
 /// nothing further is decided then.
 pub fn run(config: &Path, trace: &Path, out: &mut dyn Write) -> Result<Summary> {
-    let set = ConfigSet::load(config).map_err(|e| anyhow::anyhow!("{e}"))?;
-    preload(trace)?;
-    run_with(&mut CoreDecider::new(set), trace, out)
+    run_with(&mut CoreDecider::new(load(config, trace)?), trace, out)
 }
 
 /// Loads the config and every config the trace switches to (see [`run`]).

@@ -329,20 +329,6 @@ impl Snapshot {
         self.decide_inner(req, now, statuses, Some(global))
     }
 
-    /// The general path alone, for the test that holds [`decide_one`] to it.
-    #[cfg(test)]
-    fn decide_general<G: GlobalLimits>(
-        &self,
-        req: &Request<'_>,
-        now: Nanos,
-        statuses: &mut Vec<DescriptorStatus>,
-        global: Option<&G>,
-    ) -> Result<Outcome, RequestError> {
-        let dom = self.domain_of(req)?;
-        statuses.clear();
-        Ok(self.decide_general_in(dom, req, now, statuses, global))
-    }
-
     /// Validates `req` and finds its domain.
     #[inline]
     fn domain_of(&self, req: &Request<'_>) -> Result<&SnapshotDomain, RequestError> {
@@ -963,6 +949,19 @@ descriptors:
         fn refund(&self, _: GlobalKey<'_>, _: Micros, _: Nanos) {}
     }
 
+    /// The general path alone, for the tests that hold [`decide_one`] to it.
+    fn general_path<G: GlobalLimits>(
+        snap: &Snapshot,
+        req: &Request<'_>,
+        now: Nanos,
+        statuses: &mut Vec<DescriptorStatus>,
+        global: Option<&G>,
+    ) -> Result<Outcome, RequestError> {
+        let dom = snap.domain_of(req)?;
+        statuses.clear();
+        Ok(snap.decide_general_in(dom, req, now, statuses, global))
+    }
+
     fn config(burst: u32) -> ConfigSet {
         let yaml = format!(
             "domain: p\ndescriptors:\n  - key: k\n    rate_limit: {{unit: hour, requests_per_unit: 1, burst: {burst}}}\n"
@@ -997,9 +996,7 @@ descriptors:
         // the old snapshot or the new, spends from those 5.
         l.apply(config(5), 1_000);
         for (snap, left) in [(&old, 4), (&l.snapshot(), 2)] {
-            let o = snap
-                .decide_general(&req, 1_000, &mut st, None::<&NoGlobal>)
-                .unwrap();
+            let o = general_path(snap, &req, 1_000, &mut st, None::<&NoGlobal>).unwrap();
             assert_eq!((o.code, st[0].remaining), (Code::Ok, left));
             let o = snap
                 .decide_inner(&req, 1_000, &mut st, None::<&NoGlobal>)
@@ -1032,7 +1029,7 @@ descriptors:
                 let descriptors = [Descriptor { entries: &entries, hits_addend: Some(cost) }];
                 let req = Request { domain: "p", descriptors: &descriptors, hits_addend: None };
                 let a = fast.decide_with(&req, now, &mut sf, &gf);
-                let b = general.snapshot().decide_general(&req, now, &mut sg, Some(&gg));
+                let b = general_path(&general.snapshot(), &req, now, &mut sg, Some(&gg));
                 prop_assert_eq!(a, b);
                 prop_assert_eq!(&sf, &sg);
             }

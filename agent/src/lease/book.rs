@@ -399,7 +399,7 @@ impl LeaseBook {
             self.request_lease(kl, now);
         }
         GlobalDecision {
-            decision: allowed(remaining, v, now),
+            decision: allowed(remaining, v),
             reservation: (mode == Mode::Reserve)
                 .then(|| LeaseReservation::Allocation(a.clone(), cost, fused.then(|| kl.clone()))),
             cold: false,
@@ -447,7 +447,7 @@ impl LeaseBook {
         } else if allocs.iter().any(|a| a.remaining(now) >= cost) {
             let remaining: Micros = allocs.iter().map(|a| a.remaining(now)).sum();
             return GlobalDecision {
-                decision: allowed(remaining, v, now),
+                decision: allowed(remaining, v),
                 reservation: None,
                 cold: false,
             };
@@ -617,7 +617,7 @@ fn time_for(cost: Micros, p: LimitParams) -> Nanos {
     u64::try_from(ns).unwrap_or(u64::MAX)
 }
 
-fn allowed(remaining: Micros, v: &KeyLease, _now: Nanos) -> Decision {
+fn allowed(remaining: Micros, v: &KeyLease) -> Decision {
     Decision {
         allowed: true,
         remaining_micros: remaining,
