@@ -272,6 +272,20 @@ impl Allocator for AllocatorService {
         }
     }
 
+    async fn decide(
+        &self,
+        _req: Request<pb::DecideRequest>,
+    ) -> Result<Response<pb::DecideResponse>, Status> {
+        Err(Status::unimplemented("Decide: not yet served"))
+    }
+
+    async fn batch(
+        &self,
+        _req: Request<pb::BatchRequest>,
+    ) -> Result<Response<pb::BatchResponse>, Status> {
+        Err(Status::unimplemented("Batch: not yet served"))
+    }
+
     async fn status(
         &self,
         req: Request<pb::StatusRequest>,

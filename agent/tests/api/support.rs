@@ -287,6 +287,20 @@ impl Allocator for FakeAllocator {
         Ok(Response::new(pb::ReleaseResponse { returned: 0 }))
     }
 
+    async fn decide(
+        &self,
+        _req: Request<pb::DecideRequest>,
+    ) -> Result<Response<pb::DecideResponse>, Status> {
+        Err(Status::unimplemented("Decide: not yet served"))
+    }
+
+    async fn batch(
+        &self,
+        _req: Request<pb::BatchRequest>,
+    ) -> Result<Response<pb::BatchResponse>, Status> {
+        Err(Status::unimplemented("Batch: not yet served"))
+    }
+
     async fn status(
         &self,
         _: Request<pb::StatusRequest>,
