@@ -44,8 +44,7 @@ pub(crate) struct RawRateLimit {
     pub burst: Option<Scalar>,
     pub unlimited: Option<Scalar>,
     pub name: Option<Scalar>,
-    /// Envoy: names of limits this one replaces. Accepted for compatibility.
-    #[allow(dead_code)]
+    /// Envoy: names of limits this one replaces. Refused by the validator with a precise error.
     pub replaces: Option<Vec<RawReplaces>>,
     pub scope: Option<Scalar>,
     pub failure_mode: Option<Scalar>,
@@ -95,7 +94,6 @@ pub(crate) struct RawRegion {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawReplaces {
-    #[allow(dead_code)]
     pub name: Option<Scalar>,
 }
 

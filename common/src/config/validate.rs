@@ -180,6 +180,31 @@ fn descriptors(
     Ok(())
 }
 
+/// Envoy's `replaces` (a limit that removes named limits from a request's decision) is refused
+/// rather than parsed and ignored: every configured limit applies to every descriptor it
+/// matches, so accepting it would silently enforce limits the operator meant to drop.
+///
+/// # Errors
+/// [`ConfigError::Invalid`] at `path` when the list is present (even empty: it would be a no-op
+/// that reads as if it did something).
+fn refuse_replaces(cx: &Ctx<'_>, rl: &RawRateLimit, path: &str) -> Result<(), ConfigError> {
+    let Some(list) = &rl.replaces else {
+        return Ok(());
+    };
+    let names: Vec<String> = list
+        .iter()
+        .filter_map(|r| r.name.as_ref().map(Scalar::shown))
+        .collect();
+    Err(ConfigError::Invalid {
+        file: cx.file.to_path_buf(),
+        path: path.to_string(),
+        value: format!("[{}]", names.join(", ")),
+        message: "is not supported: every limit applies to each descriptor it matches; remove the \
+                  replaced limits from the config instead"
+            .to_string(),
+    })
+}
+
 fn rule(
     cx: &Ctx<'_>,
     rl: &RawRateLimit,
@@ -188,6 +213,7 @@ fn rule(
     shadow: bool,
 ) -> Result<Rule, ConfigError> {
     let f = |field: &str| format!("{path}.{field}");
+    refuse_replaces(cx, rl, &f("replaces"))?;
     let name = cx.text(&f("name"), rl.name.as_ref())?.map(str::to_string);
     let scope = match cx.text(&f("scope"), rl.scope.as_ref())? {
         None | Some("global") => Scope::Global,
@@ -475,6 +501,20 @@ mod tests {
 
     fn err(yaml: &str) -> String {
         domain(yaml, Path::new("t.yaml")).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn replaces_is_refused_with_the_names_it_lists() {
+        let e = err("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, replaces: [{name: other}]}\n");
+        assert!(
+            e.contains("t.yaml")
+                && e.contains("descriptors[0].rate_limit.replaces")
+                && e.contains("other")
+                && e.contains("not supported"),
+            "{e}"
+        );
+        let e = err("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, replaces: []}\n");
+        assert!(e.contains("replaces"), "{e}");
     }
 
     #[test]
