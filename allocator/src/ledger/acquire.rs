@@ -1,46 +1,24 @@
 //! Acquire: grant = min(want, max grant, fair part, region headroom, bucket tokens, calendar
-//! remainder), debited from every one of them at grant time (seed §21).
+//! remainder), debited from every one of them at grant time (seed §21). The sources and what
+//! they hold are [`super::sources`]'s.
 
-use super::calendar::period_bounds;
 use super::fair_share::fair_part;
-use super::policy::scaled;
+use super::sources::{available, check_id, debit, wait_for, OverCapacity};
 use super::{
-    Acquire, Allocation, AllocationState, Bucket, Denial, Grant, KeyState, Ledger, LedgerError,
+    Acquire, Allocation, AllocationState, Denial, Grant, KeyState, Ledger, LedgerError,
     RegionKeyState, Response,
 };
-use allot_common::algorithm::{LimitParams, LimitState};
-use allot_common::config::{Rule, RuleLimit, Scope};
+use allot_common::algorithm::LimitParams;
+use allot_common::config::Rule;
 use allot_common::decision::RetryAfter;
-use allot_common::units::{
-    millis_to_nanos, nanos_to_millis_ceil, Micros, MAX_TOKENS, MICROS_PER_TOKEN,
-};
-
-/// Longest region, holder or request id, in bytes.
-pub const MAX_ID_BYTES: usize = 256;
-
-fn check_id(what: &str, v: &str) -> Result<(), LedgerError> {
-    if v.is_empty() || v.len() > MAX_ID_BYTES {
-        return Err(LedgerError::InvalidArgument(format!(
-            "{what} must be 1 to {MAX_ID_BYTES} bytes, got {}",
-            v.len()
-        )));
-    }
-    Ok(())
-}
-
-/// Brings a bucket to `params` at time `at` when its parameters changed (seed §28).
-fn retune(b: &mut Bucket, params: LimitParams, at_ns: u64) {
-    if b.params != params {
-        let st = std::mem::replace(&mut b.state, params.initial_state(at_ns));
-        b.state = params.transition_from(&b.params, st, at_ns);
-        b.params = params;
-    }
-}
+use allot_common::units::{millis_to_nanos, nanos_to_millis_ceil, MAX_TOKENS, MICROS_PER_TOKEN};
 
 impl Ledger {
     pub(super) fn acquire(&mut self, a: &Acquire, now: u64) -> Response {
-        if let Some((_, r)) = self.requests.get(&(a.holder.clone(), a.request_id.clone())) {
-            return r.clone();
+        if let Some(r) = self.recall(&a.holder, &a.request_id, "an Acquire", |r| {
+            matches!(r, Response::Granted(_) | Response::Denied(_))
+        }) {
+            return r;
         }
         let r = match self.try_acquire(a, now) {
             Ok(r) => r,
@@ -61,57 +39,10 @@ impl Ledger {
                 a.want
             )));
         }
-        let (rule, kid, version) = self.resolve(&a.key)?;
-        let rule: Rule = rule.clone();
-        let RuleLimit::Limited { params, .. } = rule.limit else {
-            return Err(LedgerError::InvalidArgument(format!(
-                "limit {} is unlimited: there is nothing to lease",
-                rule.name
-            )));
-        };
-        if rule.scope == Scope::Local {
-            return Err(LedgerError::FailedPrecondition(format!(
-                "limit {} has scope local: each agent enforces it alone",
-                rule.name
-            )));
-        }
-        let ppm = self.region_ppm(&rule.id, &a.region)?;
-        let activated_ns = millis_to_nanos(self.activated_at(&a.key.domain));
+        let t = self.prepare(&a.key, &a.region, now)?;
+        let (rule, kid, version, params) = (&t.rule, &t.kid, t.version, t.params);
         let now_ns = millis_to_nanos(now);
-
-        if !self.keys.contains_key(&kid) {
-            self.make_room(&rule, now_ns)?;
-            self.keys.insert(
-                kid.clone(),
-                KeyState {
-                    global: Bucket {
-                        params,
-                        state: params.initial_state(now_ns),
-                    },
-                    regions: Default::default(),
-                    calendar: None,
-                    live: 0,
-                },
-            );
-        }
-        let shares_version = self.shares_version(&rule.id);
-        let ks = self.keys.get_mut(&kid).ok_or_else(|| {
-            LedgerError::NotFound("policy key vanished while acquiring".to_string())
-        })?;
-        retune(&mut ks.global, params, activated_ns);
-        let region = ks.regions.entry(a.region.clone()).or_default();
-        let region_params = ppm.map(|p| scaled(&params, p));
-        match (region_params, &mut region.bucket) {
-            (Some(Some(rp)), Some(b)) => retune(b, rp, now_ns),
-            (Some(Some(rp)), slot @ None) => {
-                *slot = Some(Bucket {
-                    params: rp,
-                    state: rp.initial_state(now_ns),
-                })
-            }
-            _ => {}
-        }
-        if ppm == Some(0) {
+        if t.ppm == Some(0) {
             return Ok(Response::Denied(Denial {
                 retry_after_ms: rule.lease.ttl_ms,
                 reason: format!("region {:?} has no share of {}", a.region, rule.name),
@@ -120,30 +51,8 @@ impl Ledger {
         }
 
         // What is available now, from each source.
-        let global_avail = ks
-            .global
-            .params
-            .check(&mut ks.global.state, now_ns, 0)
-            .remaining_micros;
-        let region_avail = match &mut region.bucket {
-            Some(b) => b.params.check(&mut b.state, now_ns, 0).remaining_micros,
-            None => u64::MAX,
-        };
-        let (period_start, period_end) = match rule.quota {
-            Some(q) => period_bounds(q.period, now),
-            None => (0, u64::MAX),
-        };
-        let calendar_left = match rule.quota {
-            Some(q) => {
-                let used = match ks.calendar {
-                    Some((s, u)) if s == period_start => u,
-                    _ => 0,
-                };
-                q.limit.saturating_sub(used)
-            }
-            None => u64::MAX,
-        };
-        let pool = global_avail.min(region_avail).min(calendar_left);
+        let avail = available(self.key_mut(kid)?, &a.region, rule, now);
+        let pool = avail.pool();
 
         // Divide the pool fairly among the holders asking in this region recently.
         let dkey = (kid.clone(), a.region.clone());
@@ -176,35 +85,21 @@ impl Ledger {
         } else if a.want >= MICROS_PER_TOKEN {
             grant = 0;
         }
-        let ks = self.keys.get_mut(&kid).ok_or_else(|| {
-            LedgerError::NotFound("policy key vanished while acquiring".to_string())
-        })?;
-        let region = ks.regions.entry(a.region.clone()).or_default();
+        let ks = self.key_mut(kid)?;
         if grant == 0 {
             let need = a
                 .want
                 .min(rule.lease.max_grant)
                 .clamp(1, MICROS_PER_TOKEN.max(1));
             let need = need.min(params.capacity());
-            let mut wait = ks
-                .global
-                .params
-                .check(&mut ks.global.state, now_ns, need)
-                .retry_after;
-            if let Some(b) = &mut region.bucket {
-                wait = wait.max(
-                    b.params
-                        .check(&mut b.state, now_ns, need.min(b.params.capacity()))
-                        .retry_after,
-                );
-            }
-            let (reason, wait_ms) = if calendar_left < need {
+            let wait = wait_for(ks, &a.region, now, need, OverCapacity::Clamp);
+            let (reason, wait_ms) = if avail.calendar < need {
                 (
                     format!(
-                        "calendar quota of {} is spent until {period_end} (Unix ms)",
-                        rule.name
+                        "calendar quota of {} is spent until {} (Unix ms)",
+                        rule.name, avail.period_end
                     ),
-                    period_end.saturating_sub(now),
+                    avail.period_end.saturating_sub(now),
                 )
             } else {
                 let ms = match wait {
@@ -212,7 +107,7 @@ impl Ledger {
                     RetryAfter::After(ns) => nanos_to_millis_ceil(ns).max(1),
                     RetryAfter::Never => ttl,
                 };
-                let what = if region_avail < global_avail {
+                let what = if avail.region_is_tighter() {
                     "region share"
                 } else {
                     "bucket"
@@ -227,19 +122,7 @@ impl Ledger {
         }
 
         // Debit every source now; unspent tokens come back only at release.
-        let gp = ks.global.params;
-        spend(&gp, &mut ks.global.state, now_ns, grant);
-        if let Some(b) = &mut region.bucket {
-            let p = b.params;
-            spend(&p, &mut b.state, now_ns, grant);
-        }
-        if rule.quota.is_some() {
-            let used = match ks.calendar {
-                Some((s, u)) if s == period_start => u,
-                _ => 0,
-            };
-            ks.calendar = Some((period_start, used.saturating_add(grant)));
-        }
+        debit(ks, &a.region, rule, &avail, now, grant);
         let mut expires = now.saturating_add(ttl);
         if let LimitParams::FixedWindow(w) = params {
             // A window's allocation never outlives its window.
@@ -248,6 +131,7 @@ impl Ledger {
         }
         let dead_at = expires.saturating_add(rule.lease.max_drift_ms);
         ks.live += 1;
+        let region = ks.regions.entry(a.region.clone()).or_default();
         region.live += 1;
         region.granted_live += grant;
 
@@ -261,7 +145,7 @@ impl Ledger {
             rule_id: rule.id.clone(),
             key: kid.1.clone(),
             policy_version: version,
-            shares_version,
+            shares_version: t.shares_version,
             region: a.region.clone(),
             holder: a.holder.clone(),
             epoch,
@@ -276,7 +160,7 @@ impl Ledger {
         self.deadlines.insert((dead_at, id));
         if let Some(ps) = self.shares.get_mut(&rule.id) {
             if let Some(rs) = ps.regions.get_mut(&a.region) {
-                *rs.live_by_version.entry(shares_version).or_default() += 1;
+                *rs.live_by_version.entry(t.shares_version).or_default() += 1;
             }
         }
         Ok(Response::Granted(Grant {
@@ -291,7 +175,7 @@ impl Ledger {
 
     /// Makes room for one more key of `rule`: evicts its idle keys (no live allocation, buckets
     /// full, calendar unused) when at the cap.
-    fn make_room(&mut self, rule: &Rule, now_ns: u64) -> Result<(), LedgerError> {
+    pub(super) fn make_room(&mut self, rule: &Rule, now_ns: u64) -> Result<(), LedgerError> {
         let prefix = rule.id.clone();
         let count = self
             .keys
@@ -328,10 +212,6 @@ impl Ledger {
         }
         Ok(())
     }
-}
-
-fn spend(params: &LimitParams, state: &mut LimitState, now_ns: u64, micros: Micros) {
-    params.spend(state, now_ns, micros);
 }
 
 fn is_idle(ks: &KeyState, now_ns: u64) -> bool {

@@ -15,16 +15,19 @@
 
 mod acquire;
 mod calendar;
+mod decide;
 mod fair_share;
 mod policy;
 mod settle;
+mod sources;
 mod types;
 
 pub use calendar::period_bounds;
 pub use fair_share::fair_part;
+pub use sources::MAX_ID_BYTES;
 pub use types::{
-    Acquire, Command, Denial, Grant, KeyStatus, LedgerError, PolicyKey, RegionStatus, Response,
-    Share, ShareSpec,
+    Acquire, Command, Decide, Decided, Denial, Grant, KeyStatus, LedgerError, PolicyKey,
+    RegionStatus, Response, Share, ShareSpec,
 };
 
 use crate::raft::{App, AppError};
@@ -34,9 +37,9 @@ use allot_common::units::{millis_to_nanos, Micros};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 
-/// How long an Acquire answer is kept for retries with the same request id, in ms.
+/// How long an Acquire or Decide answer is kept for retries with the same request id, in ms.
 pub const REQUEST_RETENTION_MS: u64 = 10 * 60 * 1000;
-/// Most Acquire answers kept for retries; the oldest go first.
+/// Most Acquire and Decide answers kept for retries; the oldest go first.
 pub const MAX_REMEMBERED_REQUESTS: usize = 100_000;
 
 /// (rule id, canonical descriptor key).
@@ -207,6 +210,18 @@ impl Ledger {
                 final_spend,
             } => self.release(*allocation_id, *epoch, *final_spend, now),
             Command::Tick => Response::Ticked,
+            Command::Decide(d) => self.decide(d, now),
+            Command::Batch(items) => Response::Batch(
+                items
+                    .iter()
+                    .map(|c| match c {
+                        Command::Batch(_) => Response::Rejected(LedgerError::InvalidArgument(
+                            "a batch cannot contain a batch".into(),
+                        )),
+                        c => self.apply_at(c, now),
+                    })
+                    .collect(),
+            ),
         };
         self.rebalance_all();
         r
@@ -357,6 +372,27 @@ impl Ledger {
         }
     }
 
+    /// The answer remembered for (`holder`, `request_id`), if any. An answer of another kind
+    /// (`is_kind` false: the id was used by another kind of request) is refused, so a retry never
+    /// gets an answer its caller cannot read; `kind` names the asking request for the message.
+    fn recall(
+        &self,
+        holder: &str,
+        request_id: &str,
+        kind: &str,
+        is_kind: fn(&Response) -> bool,
+    ) -> Option<Response> {
+        let (_, r) = self
+            .requests
+            .get(&(holder.to_string(), request_id.to_string()))?;
+        if is_kind(r) {
+            return Some(r.clone());
+        }
+        Some(Response::Rejected(LedgerError::InvalidArgument(format!(
+            "request_id {request_id:?} of holder {holder:?} was used by another kind of request than {kind}"
+        ))))
+    }
+
     fn remember(&mut self, holder: &str, request_id: &str, now: u64, r: &Response) {
         let k = (holder.to_string(), request_id.to_string());
         self.requests.insert(k, (now, r.clone()));
@@ -394,3 +430,6 @@ impl App for Ledger {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod tests_decide;

@@ -3,9 +3,9 @@
 use super::*;
 use allot_common::units::MICROS_PER_TOKEN as T;
 
-const T0: u64 = 1_795_988_100_000; // 2026-11-29T21:35:00Z
+pub(super) const T0: u64 = 1_795_988_100_000; // 2026-11-29T21:35:00Z
 
-const ACME: &str = "domain: api
+pub(super) const ACME: &str = "domain: api
 descriptors:
   - key: tenant
     rate_limit:
@@ -16,7 +16,7 @@ descriptors:
       lease: {ttl_ms: 5000, max_grant: 20, max_drift_ms: 500}
 ";
 
-const REGIONAL: &str = "domain: api
+pub(super) const REGIONAL: &str = "domain: api
 descriptors:
   - key: tenant
     rate_limit:
@@ -31,14 +31,14 @@ descriptors:
         - {region: ap-south, share: \"10%\"}
 ";
 
-fn key(tenant: &str) -> PolicyKey {
+pub(super) fn key(tenant: &str) -> PolicyKey {
     PolicyKey {
         domain: "api".into(),
         entries: vec![("tenant".into(), tenant.into())],
     }
 }
 
-fn ledger(yaml: &str) -> Ledger {
+pub(super) fn ledger(yaml: &str) -> Ledger {
     let mut l = Ledger::default();
     let r = l.apply_at(
         &Command::PutPolicy {
@@ -57,7 +57,14 @@ fn ledger(yaml: &str) -> Ledger {
     l
 }
 
-fn acquire(l: &mut Ledger, t: u64, region: &str, holder: &str, want: u64, id: &str) -> Response {
+pub(super) fn acquire(
+    l: &mut Ledger,
+    t: u64,
+    region: &str,
+    holder: &str,
+    want: u64,
+    id: &str,
+) -> Response {
     l.apply_at(
         &Command::Acquire(Acquire {
             key: key("acme"),
@@ -70,7 +77,7 @@ fn acquire(l: &mut Ledger, t: u64, region: &str, holder: &str, want: u64, id: &s
     )
 }
 
-fn granted(r: &Response) -> Grant {
+pub(super) fn granted(r: &Response) -> Grant {
     match r {
         Response::Granted(g) => *g,
         other => panic!("expected a grant, got {other:?}"),

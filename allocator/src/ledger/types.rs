@@ -44,6 +44,21 @@ pub struct Acquire {
     pub request_id: String,
 }
 
+/// Decide one request centrally (seed §13): debit `cost` from every source at once, or nothing.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Decide {
+    /// Which global quota.
+    pub key: PolicyKey,
+    /// Region of the holder (its part is debited when the policy has regional shares).
+    pub region: String,
+    /// Holder (agent id) inside the region.
+    pub holder: String,
+    /// Cost of the request, microtokens; > 0.
+    pub cost: u64,
+    /// Client-chosen id: a retry with the same (holder, id) gets the same answer, charged once.
+    pub request_id: String,
+}
+
 /// A state-changing command. Every command is applied at the leader-stamped time of its entry.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Command {
@@ -85,6 +100,12 @@ pub enum Command {
     },
     /// Advance time only: expire allocations, finish handoffs.
     Tick,
+    /// Decide one request centrally, with no allocation.
+    Decide(Decide),
+    /// Several commands applied in order in one entry at its one stamped time (group commit);
+    /// answered by [`Response::Batch`] with one response per command. A batch inside a batch is
+    /// refused.
+    Batch(Vec<Command>),
 }
 
 /// A granted allocation.
@@ -112,6 +133,24 @@ pub struct Denial {
     /// What ran out.
     pub reason: String,
     /// Policy document version that denied.
+    pub policy_version: u64,
+}
+
+/// The answer to a [`Decide`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Decided {
+    /// Whether the cost was admitted (and debited from every source).
+    pub allowed: bool,
+    /// Microtokens left in the tightest source after the decision.
+    pub remaining: u64,
+    /// When denied, ms until a retry can succeed (exact refill, rounded up; ≥ 1); 0 when allowed
+    /// or when it never can.
+    pub retry_after_ms: u64,
+    /// Denied because the cost is above a source's capacity: no retry can succeed.
+    pub never: bool,
+    /// What ran out, for a denial; empty when allowed.
+    pub reason: String,
+    /// Policy document version that decided.
     pub policy_version: u64,
 }
 
@@ -148,6 +187,10 @@ pub enum Response {
     },
     /// Tick applied.
     Ticked,
+    /// A central decision.
+    Decided(Decided),
+    /// The responses of a [`Command::Batch`], in its commands' order.
+    Batch(Vec<Response>),
     /// The command was refused; nothing changed.
     Rejected(LedgerError),
 }

@@ -1,0 +1,113 @@
+//! Central decisions (seed §13): the allocator decides one request itself, debiting its cost
+//! from the policy key's global bucket, the region's part (when the policy has regional shares)
+//! and the calendar quota at once, all or nothing, at the entry's stamped time. No allocation is
+//! made, so a central decision adds nothing to the overshoot bound. Agents use it for keys too
+//! sparse at their gateway for a lease to pay off (issue 9 item 2).
+//!
+//! Idempotent like Acquire: the answer is remembered by (holder, request id) for
+//! [`super::REQUEST_RETENTION_MS`], so a retry (after a leader change, say) gets the same answer
+//! and is charged once.
+
+use super::sources::{available, check_id, debit, wait_for, OverCapacity};
+use super::{Decide, Decided, Ledger, LedgerError, Response};
+use allot_common::decision::RetryAfter;
+use allot_common::units::{nanos_to_millis_ceil, MAX_TOKENS, MICROS_PER_TOKEN};
+
+impl Ledger {
+    /// Applies a [`Decide`] at `now` (Unix ms): [`Response::Decided`], or
+    /// [`Response::Rejected`] for bad input (nothing changes then).
+    pub(super) fn decide(&mut self, d: &Decide, now: u64) -> Response {
+        if let Some(r) = self.recall(&d.holder, &d.request_id, "a Decide", |r| {
+            matches!(r, Response::Decided(_))
+        }) {
+            return r;
+        }
+        match self.try_decide(d, now) {
+            Ok(x) => {
+                let r = Response::Decided(x);
+                self.remember(&d.holder, &d.request_id, now, &r);
+                r
+            }
+            Err(e) => Response::Rejected(e),
+        }
+    }
+
+    fn try_decide(&mut self, d: &Decide, now: u64) -> Result<Decided, LedgerError> {
+        check_id("region", &d.region)?;
+        check_id("holder", &d.holder)?;
+        check_id("request_id", &d.request_id)?;
+        let max_cost = MAX_TOKENS * MICROS_PER_TOKEN;
+        if d.cost == 0 || d.cost > max_cost {
+            return Err(LedgerError::InvalidArgument(format!(
+                "cost must be from 1 to {max_cost} microtokens, got {}",
+                d.cost
+            )));
+        }
+        let t = self.prepare(&d.key, &d.region, now)?;
+        let (rule, version) = (&t.rule, t.version);
+        let denied = |retry_after_ms: u64, never: bool, reason: String, remaining: u64| Decided {
+            allowed: false,
+            remaining,
+            retry_after_ms,
+            never,
+            reason,
+            policy_version: version,
+        };
+        if t.ppm == Some(0) {
+            let reason = format!("region {:?} has no share of {}", d.region, rule.name);
+            return Ok(denied(rule.lease.ttl_ms, false, reason, 0));
+        }
+        let ks = self.key_mut(&t.kid)?;
+        let avail = available(ks, &d.region, rule, now);
+        let pool = avail.pool();
+        if d.cost <= pool {
+            debit(ks, &d.region, rule, &avail, now, d.cost);
+            debug_assert_eq!(
+                available(ks, &d.region, rule, now).pool(),
+                pool - d.cost,
+                "a decision debits every source by its cost"
+            );
+            return Ok(Decided {
+                allowed: true,
+                remaining: pool - d.cost,
+                retry_after_ms: 0,
+                never: false,
+                reason: String::new(),
+                policy_version: version,
+            });
+        }
+        // Denied, nothing debited: when could this cost pass if no other traffic came?
+        if rule.quota.is_some_and(|q| d.cost > q.limit) {
+            let reason = format!("cost is above the calendar quota of {}", rule.name);
+            return Ok(denied(0, true, reason, pool));
+        }
+        let wait_ms = match wait_for(ks, &d.region, now, d.cost, OverCapacity::Never) {
+            RetryAfter::Never => {
+                let what = if d.cost > t.params.capacity() {
+                    "the capacity"
+                } else {
+                    "its region's part"
+                };
+                let reason = format!("cost is above {what} of {}", rule.name);
+                return Ok(denied(0, true, reason, pool));
+            }
+            RetryAfter::Now => 1,
+            RetryAfter::After(ns) => nanos_to_millis_ceil(ns).max(1),
+        };
+        if avail.calendar < d.cost {
+            let reason = format!(
+                "calendar quota of {} is spent until {} (Unix ms)",
+                rule.name, avail.period_end
+            );
+            let until_period_end = avail.period_end.saturating_sub(now);
+            return Ok(denied(wait_ms.max(until_period_end), false, reason, pool));
+        }
+        let what = if avail.region_is_tighter() {
+            "region share"
+        } else {
+            "bucket"
+        };
+        let reason = format!("{what} of {} is empty", rule.name);
+        Ok(denied(wait_ms, false, reason, pool))
+    }
+}

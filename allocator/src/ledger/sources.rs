@@ -1,0 +1,252 @@
+//! The sources a grant (Acquire, seed §21) or a central decision (Decide, seed §13) draws from:
+//! the policy key's global bucket, the region's part of it when the policy has regional shares,
+//! and the calendar quota. One home for resolving a request to its limit and key state, for
+//! "what is available from each source", for debiting all of them at once and for "when can
+//! `need` fit", so that leases and central decisions can never disagree on the quota.
+
+use super::calendar::period_bounds;
+use super::policy::scaled;
+use super::{Bucket, KeyId, KeyState, Ledger, LedgerError, PolicyKey};
+use allot_common::algorithm::LimitParams;
+use allot_common::config::{Rule, RuleLimit, Scope};
+use allot_common::decision::RetryAfter;
+use allot_common::units::{millis_to_nanos, Micros};
+
+/// Longest region, holder or request id, in bytes.
+pub const MAX_ID_BYTES: usize = 256;
+
+/// Refuses an empty id or one longer than [`MAX_ID_BYTES`].
+pub(super) fn check_id(what: &str, v: &str) -> Result<(), LedgerError> {
+    if v.is_empty() || v.len() > MAX_ID_BYTES {
+        return Err(LedgerError::InvalidArgument(format!(
+            "{what} must be 1 to {MAX_ID_BYTES} bytes, got {}",
+            v.len()
+        )));
+    }
+    Ok(())
+}
+
+/// Brings a bucket to `params` at time `at` when its parameters changed (seed §28).
+fn retune(b: &mut Bucket, params: LimitParams, at_ns: u64) {
+    if b.params != params {
+        let st = std::mem::replace(&mut b.state, params.initial_state(at_ns));
+        b.state = params.transition_from(&b.params, st, at_ns);
+        b.params = params;
+    }
+}
+
+/// A request resolved to its limit, with the key's state ready (created and retuned).
+pub(super) struct Target {
+    /// The rule the key matched.
+    pub rule: Rule,
+    /// (rule id, canonical key).
+    pub kid: KeyId,
+    /// Policy document version.
+    pub version: u64,
+    /// The rule's global parameters.
+    pub params: LimitParams,
+    /// The region's effective share, `None` when the policy has no regional shares.
+    pub ppm: Option<u32>,
+    /// The rule's current share version.
+    pub shares_version: u64,
+}
+
+/// What each source holds at one instant, microtokens (`u64::MAX` for an absent source).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Available {
+    /// The key's global bucket.
+    pub global: Micros,
+    /// The region's part (`u64::MAX` without regional shares).
+    pub region: Micros,
+    /// What is left of the calendar quota's current period (`u64::MAX` without a quota).
+    pub calendar: Micros,
+    /// Start of the calendar period, Unix ms (0 without a quota).
+    pub period_start: u64,
+    /// End of the calendar period, Unix ms (`u64::MAX` without a quota).
+    pub period_end: u64,
+}
+
+impl Available {
+    /// What can be taken from every source at once: the smallest of them.
+    pub fn pool(&self) -> Micros {
+        self.global.min(self.region).min(self.calendar)
+    }
+
+    /// Whether the region's part, not the global bucket, is what runs short.
+    pub fn region_is_tighter(&self) -> bool {
+        self.region < self.global
+    }
+}
+
+impl Ledger {
+    /// Resolves `key` for a holder in `region` and readies its state at `now` (Unix ms): the
+    /// key's state is created (evicting idle keys at the cap) and its buckets retuned to the
+    /// policy in force.
+    ///
+    /// # Errors
+    /// [`LedgerError::InvalidArgument`] for a malformed key or an unlimited limit,
+    /// [`LedgerError::NotFound`] for an unknown domain, rule or region,
+    /// [`LedgerError::FailedPrecondition`] for a limit with scope local,
+    /// [`LedgerError::ResourceExhausted`] when the key cap is reached with no idle key.
+    pub(super) fn prepare(
+        &mut self,
+        key: &PolicyKey,
+        region: &str,
+        now: u64,
+    ) -> Result<Target, LedgerError> {
+        let (rule, kid, version) = self.resolve(key)?;
+        let rule: Rule = rule.clone();
+        let RuleLimit::Limited { params, .. } = rule.limit else {
+            return Err(LedgerError::InvalidArgument(format!(
+                "limit {} is unlimited: there is nothing to lease or decide",
+                rule.name
+            )));
+        };
+        if rule.scope == Scope::Local {
+            return Err(LedgerError::FailedPrecondition(format!(
+                "limit {} has scope local: each agent enforces it alone",
+                rule.name
+            )));
+        }
+        let ppm = self.region_ppm(&rule.id, region)?;
+        let activated_ns = millis_to_nanos(self.activated_at(&key.domain));
+        let now_ns = millis_to_nanos(now);
+        if !self.keys.contains_key(&kid) {
+            self.make_room(&rule, now_ns)?;
+            self.keys.insert(
+                kid.clone(),
+                KeyState {
+                    global: Bucket {
+                        params,
+                        state: params.initial_state(now_ns),
+                    },
+                    regions: Default::default(),
+                    calendar: None,
+                    live: 0,
+                },
+            );
+        }
+        let shares_version = self.shares_version(&rule.id);
+        let ks = self.key_mut(&kid)?;
+        retune(&mut ks.global, params, activated_ns);
+        let part = ks.regions.entry(region.to_string()).or_default();
+        match (ppm.map(|p| scaled(&params, p)), &mut part.bucket) {
+            (Some(Some(rp)), Some(b)) => retune(b, rp, now_ns),
+            (Some(Some(rp)), slot @ None) => {
+                *slot = Some(Bucket {
+                    params: rp,
+                    state: rp.initial_state(now_ns),
+                })
+            }
+            _ => {}
+        }
+        Ok(Target {
+            rule,
+            kid,
+            version,
+            params,
+            ppm,
+            shares_version,
+        })
+    }
+
+    /// The state of a key that [`Ledger::prepare`] readied.
+    ///
+    /// # Errors
+    /// [`LedgerError::NotFound`] when the key has no state (never after `prepare`).
+    pub(super) fn key_mut(&mut self, kid: &KeyId) -> Result<&mut KeyState, LedgerError> {
+        self.keys
+            .get_mut(kid)
+            .ok_or_else(|| LedgerError::NotFound("policy key has no state".to_string()))
+    }
+}
+
+/// What each source of `ks` holds for `region` at `now` (Unix ms), refilling the buckets.
+pub(super) fn available(ks: &mut KeyState, region: &str, rule: &Rule, now: u64) -> Available {
+    let now_ns = millis_to_nanos(now);
+    let g = &mut ks.global;
+    let global = g.params.check(&mut g.state, now_ns, 0).remaining_micros;
+    let region = match ks.regions.get_mut(region).and_then(|r| r.bucket.as_mut()) {
+        Some(b) => b.params.check(&mut b.state, now_ns, 0).remaining_micros,
+        None => u64::MAX,
+    };
+    let (period_start, period_end, calendar) = match rule.quota {
+        Some(q) => {
+            let (start, end) = period_bounds(q.period, now);
+            let used = match ks.calendar {
+                Some((s, u)) if s == start => u,
+                _ => 0,
+            };
+            (start, end, q.limit.saturating_sub(used))
+        }
+        None => (0, u64::MAX, u64::MAX),
+    };
+    Available {
+        global,
+        region,
+        calendar,
+        period_start,
+        period_end,
+    }
+}
+
+/// Debits `amount` microtokens from every source of `ks` for `region` at `now` (Unix ms).
+/// The caller checked that `amount ≤ at.pool()`.
+pub(super) fn debit(
+    ks: &mut KeyState,
+    region: &str,
+    rule: &Rule,
+    at: &Available,
+    now: u64,
+    amount: Micros,
+) {
+    debug_assert!(amount <= at.pool(), "debit {amount} above the pool");
+    let now_ns = millis_to_nanos(now);
+    let gp = ks.global.params;
+    gp.spend(&mut ks.global.state, now_ns, amount);
+    if let Some(b) = ks.regions.get_mut(region).and_then(|r| r.bucket.as_mut()) {
+        let p = b.params;
+        p.spend(&mut b.state, now_ns, amount);
+    }
+    if rule.quota.is_some() {
+        let used = match ks.calendar {
+            Some((s, u)) if s == at.period_start => u,
+            _ => 0,
+        };
+        ks.calendar = Some((at.period_start, used.saturating_add(amount)));
+    }
+}
+
+/// What to do with a need above a bucket's capacity when computing a wait.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum OverCapacity {
+    /// Wait for a full bucket instead (a grant can be smaller than what was asked).
+    Clamp,
+    /// Answer [`RetryAfter::Never`] (a decision is all or nothing).
+    Never,
+}
+
+/// When `need` microtokens fit into both buckets of `ks` for `region` (the later of the two), from
+/// the decision core's exact refill (seed §8). The calendar quota is the caller's: its wait is
+/// the period's end.
+pub(super) fn wait_for(
+    ks: &mut KeyState,
+    region: &str,
+    now: u64,
+    need: Micros,
+    over: OverCapacity,
+) -> RetryAfter {
+    let now_ns = millis_to_nanos(now);
+    let fit = |cap: Micros| match over {
+        OverCapacity::Clamp => need.min(cap),
+        OverCapacity::Never => need,
+    };
+    let g = &mut ks.global;
+    let cap = g.params.capacity();
+    let mut wait = g.params.check(&mut g.state, now_ns, fit(cap)).retry_after;
+    if let Some(b) = ks.regions.get_mut(region).and_then(|r| r.bucket.as_mut()) {
+        let cap = b.params.capacity();
+        wait = wait.max(b.params.check(&mut b.state, now_ns, fit(cap)).retry_after);
+    }
+    wait
+}

@@ -1,0 +1,246 @@
+//! Central decisions (Decide) and batches: all-or-nothing debits of every source, exact
+//! retry-after, "never" above capacity, idempotence by (holder, request id), and a batch being
+//! exactly its commands applied in order at one time.
+
+use super::tests::{acquire, granted, key, ledger, ACME, REGIONAL, T0};
+use super::*;
+use allot_common::units::{MAX_TOKENS, MICROS_PER_TOKEN as T};
+
+fn decide_cmd(region: &str, holder: &str, cost: u64, id: &str) -> Command {
+    Command::Decide(Decide {
+        key: key("acme"),
+        region: region.into(),
+        holder: holder.into(),
+        cost,
+        request_id: id.into(),
+    })
+}
+
+fn decide(l: &mut Ledger, t: u64, region: &str, cost: u64, id: &str) -> Decided {
+    match l.apply_at(&decide_cmd(region, "gw1", cost, id), t) {
+        Response::Decided(d) => d,
+        other => panic!("expected a decision, got {other:?}"),
+    }
+}
+
+fn bucket(l: &Ledger, t: u64) -> u64 {
+    l.status(&key("acme"), t).expect("status").bucket_tokens
+}
+
+#[test]
+fn decide_debits_all_or_nothing_exactly_and_is_idempotent() {
+    let mut l = ledger(ACME);
+    let d = decide(&mut l, T0, "eu", 30 * T, "d1");
+    assert!(d.allowed && !d.never);
+    assert_eq!(
+        (d.remaining, d.retry_after_ms, d.policy_version),
+        (10 * T, 0, 1)
+    );
+    // A retry gets the same answer and is charged once: 10 left plus 1 ms of refill at 10/s.
+    assert_eq!(decide(&mut l, T0 + 1, "eu", 30 * T, "d1"), d);
+    assert_eq!(bucket(&l, T0 + 1), 10 * T + T / 100);
+    // 9.99 tokens short at 10 tokens/s: exactly 999 ms; nothing debited.
+    let no = decide(&mut l, T0 + 1, "eu", 20 * T, "d2");
+    assert!(!no.allowed && !no.never, "{no:?}");
+    assert_eq!((no.retry_after_ms, no.remaining), (999, 10 * T + T / 100));
+    assert!(no.reason.contains("bucket"), "{no:?}");
+    // Above the capacity (burst 40): never, no retry time, nothing debited.
+    let never = decide(&mut l, T0 + 1, "eu", 41 * T, "d3");
+    assert!(
+        !never.allowed && never.never && never.retry_after_ms == 0,
+        "{never:?}"
+    );
+    assert!(never.reason.contains("capacity"), "{never:?}");
+    assert_eq!(bucket(&l, T0 + 1), 10 * T + T / 100);
+    // The denial is remembered too: its retry after the refill still answers the denial.
+    assert_eq!(decide(&mut l, T0 + 2_000, "eu", 20 * T, "d2"), no);
+    // The whole capacity at once passes once the bucket is full again.
+    assert!(decide(&mut l, T0 + 5_000, "eu", 40 * T, "d4").allowed);
+    assert_eq!(bucket(&l, T0 + 5_000), 0);
+}
+
+#[test]
+fn decide_debits_the_region_part_and_the_global_bucket() {
+    let mut l = ledger(REGIONAL);
+    // eu-west holds 50 % of 1000: a part of 500 (rate 500/s) inside the global 1000.
+    let d = decide(&mut l, T0, "eu-west", 400 * T, "a");
+    assert_eq!((d.allowed, d.remaining), (true, 100 * T));
+    let no = decide(&mut l, T0, "eu-west", 200 * T, "b");
+    assert!(!no.allowed && !no.never, "{no:?}");
+    // 100 tokens short of the region's part at 500/s: 200 ms.
+    assert_eq!(no.retry_after_ms, 200);
+    assert!(no.reason.contains("region share"), "{no:?}");
+    let never = decide(&mut l, T0, "eu-west", 600 * T, "c");
+    assert!(
+        never.never && never.reason.contains("region's part"),
+        "{never:?}"
+    );
+    // us-east (40 %) draws on the same global bucket: 600 left globally, 400 in its part.
+    let d = decide(&mut l, T0, "us-east", 300 * T, "d");
+    assert_eq!((d.allowed, d.remaining), (true, 100 * T));
+    // ap-south (10 %): its whole part; the global bucket goes to 200, the part to 0.
+    let d = decide(&mut l, T0, "ap-south", 100 * T, "e");
+    assert_eq!((d.allowed, d.remaining), (true, 0));
+    assert_eq!(bucket(&l, T0), 200 * T);
+    // A region without a share is unknown, and refused without a change.
+    let before = l.snapshot();
+    let r = l.apply_at(&decide_cmd("mars", "gw1", T, "f"), T0);
+    assert!(
+        matches!(r, Response::Rejected(LedgerError::NotFound(_))),
+        "{r:?}"
+    );
+    assert_eq!(l.snapshot(), before);
+}
+
+#[test]
+fn decide_and_acquire_draw_from_the_same_sources() {
+    let mut l = ledger(ACME);
+    assert_eq!(
+        granted(&acquire(&mut l, T0, "eu", "gw2", 20 * T, "g1")).granted,
+        20 * T
+    );
+    let no = decide(&mut l, T0, "eu", 30 * T, "d1");
+    assert_eq!((no.allowed, no.retry_after_ms), (false, 1_000));
+    let d = decide(&mut l, T0, "eu", 20 * T, "d2");
+    assert_eq!((d.allowed, d.remaining), (true, 0));
+    match acquire(&mut l, T0, "eu", "gw2", 5 * T, "g2") {
+        Response::Denied(x) => assert_eq!(x.retry_after_ms, 100),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn decide_respects_the_calendar_quota() {
+    let yaml = "domain: api\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: second, requests_per_unit: 1000, burst: 1000, quota: {limit: 50, period: month}, lease: {max_grant: 30}}\n";
+    let mut l = ledger(yaml);
+    let d = decide(&mut l, T0, "eu", 30 * T, "a");
+    assert_eq!((d.allowed, d.remaining), (true, 20 * T));
+    let dec_1 = 1_796_083_200_000; // 2026-12-01T00:00:00Z
+    let no = decide(&mut l, T0 + 1_000, "eu", 30 * T, "b");
+    assert!(!no.allowed && !no.never, "{no:?}");
+    assert_eq!(no.retry_after_ms, dec_1 - (T0 + 1_000));
+    assert!(no.reason.contains("calendar"), "{no:?}");
+    assert!(decide(&mut l, T0 + 1_000, "eu", 51 * T, "c").never);
+    assert!(decide(&mut l, dec_1, "eu", 30 * T, "d").allowed);
+}
+
+#[test]
+fn bad_decides_are_refused_and_change_nothing() {
+    let mut l = ledger(ACME);
+    granted(&acquire(&mut l, T0, "eu", "gw1", 5 * T, "used-by-acquire"));
+    assert!(decide(&mut l, T0, "eu", T, "used-by-decide").allowed);
+    let before = l.snapshot();
+    let long = "x".repeat(MAX_ID_BYTES + 1);
+    let cases = [
+        decide_cmd("eu", "gw1", 0, "z"),
+        decide_cmd("eu", "gw1", u64::MAX, "z"),
+        decide_cmd("eu", "gw1", MAX_TOKENS * T + 1, "z"),
+        decide_cmd("eu", "", T, "z"),
+        decide_cmd("", "gw1", T, "z"),
+        decide_cmd("eu", "gw1", T, ""),
+        decide_cmd("eu", "gw1", T, &long),
+        // An id already answered for another kind of request.
+        decide_cmd("eu", "gw1", T, "used-by-acquire"),
+        Command::Acquire(Acquire {
+            key: key("acme"),
+            region: "eu".into(),
+            holder: "gw1".into(),
+            want: T,
+            request_id: "used-by-decide".into(),
+        }),
+    ];
+    for cmd in cases {
+        match l.apply_at(&cmd, T0) {
+            Response::Rejected(LedgerError::InvalidArgument(_)) => {}
+            other => panic!("{cmd:?} was not refused: {other:?}"),
+        }
+    }
+    assert_eq!(l.snapshot(), before, "refused decisions changed state");
+    // The largest valid cost is simply above the capacity.
+    assert!(decide(&mut l, T0, "eu", MAX_TOKENS * T, "max").never);
+}
+
+#[test]
+fn admitted_never_exceeds_burst_plus_rate_times_time_and_retries_charge_once() {
+    let mut l = ledger(ACME);
+    let mut admitted = 0u64;
+    let mut answers: BTreeMap<String, Decided> = BTreeMap::new();
+    let mut t = T0;
+    for i in 0..3_000u64 {
+        t += 3 + i % 11;
+        // Every fifth call retries an earlier id: same answer, charged once.
+        let id = if i % 5 == 4 {
+            format!("d{}", i - 3)
+        } else {
+            format!("d{i}")
+        };
+        let cost = (1 + i % 7) * T / 2;
+        let d = decide(&mut l, t, "eu", cost, &id);
+        match answers.get(&id) {
+            Some(first) => assert_eq!(&d, first, "retry of {id} answered differently"),
+            None => {
+                if d.allowed {
+                    admitted += cost;
+                }
+                answers.insert(id, d);
+            }
+        }
+        let bound = 40 * T + 10 * T * (t - T0) / 1000;
+        assert!(admitted <= bound, "admitted {admitted} > {bound}");
+    }
+    assert!(
+        admitted > 40 * T,
+        "the bucket refilled and was decided again"
+    );
+}
+
+#[test]
+fn a_batch_is_its_commands_in_order_at_one_time() {
+    let mut l = ledger(ACME);
+    let items = vec![
+        decide_cmd("eu", "gw1", 30 * T, "d1"),
+        decide_cmd("eu", "gw1", 20 * T, "d2"),
+        Command::Acquire(Acquire {
+            key: key("acme"),
+            region: "eu".into(),
+            holder: "gw2".into(),
+            want: 5 * T,
+            request_id: "a1".into(),
+        }),
+        Command::Batch(vec![Command::Tick]),
+        Command::Report {
+            allocation_id: 1,
+            epoch: 1,
+            cumulative_spend: 2 * T,
+        },
+        decide_cmd("eu", "gw1", 30 * T, "d1"),
+    ];
+    let mut sequential = Ledger::restore(&l.snapshot()).expect("restore");
+    let Response::Batch(got) = l.apply_at(&Command::Batch(items.clone()), T0 + 7) else {
+        panic!("a batch answers with a batch");
+    };
+    let want: Vec<Response> = items
+        .iter()
+        .map(|c| match c {
+            Command::Batch(_) => Response::Rejected(LedgerError::InvalidArgument(
+                "a batch cannot contain a batch".into(),
+            )),
+            c => sequential.apply_at(c, T0 + 7),
+        })
+        .collect();
+    assert_eq!(got, want);
+    assert_eq!(l.snapshot(), sequential.snapshot());
+    assert!(matches!(&got[0], Response::Decided(d) if d.allowed));
+    assert!(matches!(&got[1], Response::Decided(d) if !d.allowed));
+    assert!(matches!(&got[2], Response::Granted(g) if g.granted == 5 * T));
+    assert!(matches!(got[4], Response::Reported { recorded, .. } if recorded == 2 * T));
+    assert_eq!(
+        got[5], got[0],
+        "the retried id in the same batch is charged once"
+    );
+    // An empty batch is a valid entry that changes nothing but time.
+    assert_eq!(
+        l.apply_at(&Command::Batch(Vec::new()), T0 + 8),
+        Response::Batch(Vec::new())
+    );
+}
