@@ -13,7 +13,6 @@ use allot_common::limiter::{Code, Limiter};
 use criterion::{criterion_group, Criterion};
 use std::hint::black_box;
 use std::path::Path;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -71,15 +70,18 @@ fn bench(c: &mut Criterion) {
     let _ = e.decide_now(&rg, &mut st);
     let kl = e.book().existing("bench", 1, &leased).expect("leased key");
     let now = e.clock().now();
-    kl.value.set_allocations(vec![Arc::new(HeldAllocation::new(
+    let warm = Arc::new(HeldAllocation::new(
         1,
         1,
         u64::MAX / 2,
         now + 3_600_000_000_000,
         0,
         1,
-    ))]);
-    kl.value.answered.store(true, Ordering::Release);
+    ));
+    tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("runtime")
+        .block_on(kl.value.protocol.install(warm, now));
     assert_eq!(e.decide_now(&rg, &mut st).unwrap().code, Code::Ok);
 
     let limiter = Limiter::new(

@@ -2,7 +2,9 @@
 //!
 //! Decisions are local: `scope: local` rules are decided by the decision core's own state;
 //! `scope: global` rules spend the key's allocations ([`LeaseBook`]). The only wait on the
-//! network is a key's first allocation (cold), bounded by `cold_wait_ms` and counted.
+//! network is for a key that holds nothing to spend and has no standing denial (cold or
+//! exhausted): the request waits for that key's allocator call, bounded by `cold_wait_ms`,
+//! counted, and its duration recorded.
 
 use crate::lease::{LeaseBook, LeaseSettings, LeaseTables, LeaseView};
 use crate::slots::{SlotOutcome, SlotTables, Slots};
@@ -19,6 +21,9 @@ use parking_lot::Mutex;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
+
+/// Most rounds of waiting for allocator answers and deciding again within one request's wait.
+const MAX_WAIT_ROUNDS: usize = 8;
 
 /// Decides requests for one agent.
 pub struct Enforcer {
@@ -162,8 +167,10 @@ impl Enforcer {
             .refund(req, unused, spent_at, self.clock.now(), Some(&leases))
     }
 
-    /// Decides `req`. When a leased descriptor's key has no allocation yet, waits (at most
-    /// `cold_wait_ms`) for its first Acquire to finish and decides again.
+    /// Decides `req`. When a leased descriptor's key holds nothing to spend and no denial of
+    /// the allocator stands (cold or exhausted), waits for that key's allocator call and decides
+    /// again, for at most `cold_wait_ms` in all (issue 9 item 1). The wait is counted and its
+    /// duration recorded.
     ///
     /// # Errors
     /// As [`decide_now`](Self::decide_now).
@@ -181,17 +188,45 @@ impl Enforcer {
         req: &Request<'_>,
         statuses: &mut Vec<DescriptorStatus>,
     ) -> Result<(Outcome, Arc<Current>), RequestError> {
-        let current = self.current.load_full();
-        let first = self.decide_in(&current, req, statuses)?;
-        if !first.awaiting_lease {
-            return Ok((first, current));
+        let mut current = self.current.load_full();
+        let mut outcome = self.decide_in(&current, req, statuses)?;
+        if !outcome.awaiting_lease {
+            return Ok((outcome, current));
         }
-        self.book
-            .counters
-            .cold_waits
-            .fetch_add(1, Ordering::Relaxed);
-        let wait = Duration::from_millis(self.settings().cold_wait_ms);
-        let deadline = tokio::time::Instant::now() + wait;
+        let counters = &self.book.counters;
+        counters.cold_waits.fetch_add(1, Ordering::Relaxed);
+        let started = tokio::time::Instant::now();
+        let deadline = started + Duration::from_millis(self.settings().cold_wait_ms);
+        // Each round waits for one allocator answer per key; the rounds are bounded too, so a
+        // key whose calls cannot be sent (the agent is stopping) never spins until the deadline.
+        for _ in 0..MAX_WAIT_ROUNDS {
+            if !outcome.awaiting_lease {
+                break;
+            }
+            if !self.wait_for_calls(&current, req, statuses, deadline).await {
+                counters.wait_timeouts.fetch_add(1, Ordering::Relaxed);
+                break;
+            }
+            // The config may have changed while waiting: decide with the one current now.
+            current = self.current.load_full();
+            outcome = self.decide_in(&current, req, statuses)?;
+        }
+        let waited = started.elapsed().as_nanos();
+        counters
+            .wait_time
+            .record(u64::try_from(waited).unwrap_or(u64::MAX));
+        Ok((outcome, current))
+    }
+
+    /// Waits until the allocator call of every leased key of `req` that has one in flight has
+    /// finished; false when `deadline` came first.
+    async fn wait_for_calls(
+        &self,
+        current: &Current,
+        req: &Request<'_>,
+        statuses: &[DescriptorStatus],
+        deadline: tokio::time::Instant,
+    ) -> bool {
         for (i, d) in req.descriptors.iter().enumerate() {
             let Some(ri) = statuses.get(i).and_then(|s| s.rule_index) else {
                 continue;
@@ -199,17 +234,17 @@ impl Enforcer {
             let Some(kl) = current.leases.existing(req.domain, ri, d.entries) else {
                 continue;
             };
+            let p = &kl.value.protocol;
             // Register for the wake-up before checking, so a finish in between is not missed.
-            let notified = kl.value.ready.notified();
-            if kl.value.answered.load(Ordering::Acquire) {
+            let finished = p.finished();
+            if !p.in_flight() {
                 continue;
             }
-            let _ = tokio::time::timeout_at(deadline, notified).await;
+            if tokio::time::timeout_at(deadline, finished).await.is_err() {
+                return false;
+            }
         }
-        // The config may have changed while waiting: decide with the one current now.
-        let current = self.current.load_full();
-        let outcome = self.decide_in(&current, req, statuses)?;
-        Ok((outcome, current))
+        true
     }
 
     /// Decides `req` as [`decide`](Self::decide) and returns the config snapshot that decided

@@ -7,7 +7,7 @@
 
 use crate::lease::LeaseBook;
 use allot_common::limiter::{Code, DescriptorStatus, Outcome, Snapshot};
-use allot_common::units::MICROS_PER_TOKEN;
+use allot_common::units::{Nanos, MICROS_PER_TOKEN, NANOS_PER_SEC};
 use arc_swap::ArcSwap;
 use opentelemetry::metrics::{Histogram, MeterProvider};
 use opentelemetry::KeyValue;
@@ -55,6 +55,7 @@ type ByRule = HashMap<String, Vec<Option<Arc<PolicyCounters>>>>;
 /// The agent's metrics.
 pub struct Metrics {
     registry: prometheus::Registry,
+    book: Arc<LeaseBook>,
     /// Kept alive: dropping the provider stops collection.
     _provider: SdkMeterProvider,
     latency: Histogram<f64>,
@@ -197,7 +198,7 @@ impl Metrics {
             .with_description("Allocations this agent holds now")
             .with_callback(move |o| o.observe(allocations_held(&b), &[]))
             .build();
-        let b = book;
+        let b = book.clone();
         meter
             .u64_observable_gauge("allot_agent_allocator_reachable")
             .with_description("1 when the last allocator call succeeded, else 0")
@@ -211,6 +212,7 @@ impl Metrics {
             .build();
         Ok(Metrics {
             registry,
+            book,
             _provider: provider,
             latency,
             by_rule: ArcSwap::from_pointee(HashMap::new()),
@@ -286,8 +288,89 @@ impl Metrics {
         prometheus::TextEncoder::new()
             .encode(&self.registry.gather(), &mut out)
             .map_err(|e| MetricsError::Encode(e.to_string()))?;
-        String::from_utf8(out).map_err(|e| MetricsError::Encode(e.to_string()))
+        let mut text = String::from_utf8(out).map_err(|e| MetricsError::Encode(e.to_string()))?;
+        self.book.counters.wait_time.encode(
+            "allot_agent_lease_wait_seconds",
+            "Time requests waited for an allocator call (cold or exhausted key), seconds",
+            &mut text,
+        );
+        Ok(text)
     }
+}
+
+/// Upper bounds of the wait histogram's buckets, ns: 1 ms to 5 s (a wait is bounded by
+/// `cold_wait_ms`, 250 ms by default).
+const WAIT_BUCKETS_NS: [Nanos; 12] = [
+    1_000_000,
+    2_500_000,
+    5_000_000,
+    10_000_000,
+    25_000_000,
+    50_000_000,
+    100_000_000,
+    250_000_000,
+    500_000_000,
+    1_000_000_000,
+    2_500_000_000,
+    5_000_000_000,
+];
+
+/// A Prometheus histogram of durations kept in integer nanoseconds with atomics (recorded off
+/// the hot path: only by requests that waited for the allocator).
+#[derive(Debug, Default)]
+pub struct WaitHistogram {
+    /// Count per bucket of [`WAIT_BUCKETS_NS`] (not cumulative), then the overflow bucket.
+    buckets: [AtomicU64; WAIT_BUCKETS_NS.len() + 1],
+    sum_ns: AtomicU64,
+}
+
+impl WaitHistogram {
+    /// Records one wait of `ns` nanoseconds (the sum saturates at `u64::MAX` ns, 584 years).
+    pub fn record(&self, ns: Nanos) {
+        let i = WAIT_BUCKETS_NS.partition_point(|b| *b < ns);
+        self.buckets[i].fetch_add(1, Ordering::Relaxed);
+        let _ = self
+            .sum_ns
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |s| {
+                Some(s.saturating_add(ns))
+            });
+    }
+
+    /// Waits recorded so far.
+    pub fn count(&self) -> u64 {
+        self.buckets
+            .iter()
+            .map(|b| b.load(Ordering::Relaxed))
+            .fold(0, u64::saturating_add)
+    }
+
+    /// Appends the histogram in the Prometheus text format as `name` (seconds).
+    pub fn encode(&self, name: &str, help: &str, out: &mut String) {
+        use std::fmt::Write;
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} histogram");
+        let mut cumulative = 0u64;
+        for (i, le) in WAIT_BUCKETS_NS.iter().enumerate() {
+            cumulative = cumulative.saturating_add(self.buckets[i].load(Ordering::Relaxed));
+            let le = seconds(*le);
+            let _ = writeln!(out, "{name}_bucket{{le=\"{le}\"}} {cumulative}");
+        }
+        let count = self.count();
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
+        let sum = seconds(self.sum_ns.load(Ordering::Relaxed));
+        let _ = writeln!(out, "{name}_sum {sum}");
+        let _ = writeln!(out, "{name}_count {count}");
+    }
+}
+
+/// `ns` as decimal seconds, exact (integer part, then the nanoseconds without trailing zeros).
+fn seconds(ns: Nanos) -> String {
+    let (s, frac) = (ns / NANOS_PER_SEC, ns % NANOS_PER_SEC);
+    if frac == 0 {
+        return s.to_string();
+    }
+    let digits = format!("{frac:09}");
+    format!("{s}.{}", digits.trim_end_matches('0'))
 }
 
 /// Allocations held across every key.
@@ -297,4 +380,37 @@ pub fn allocations_held(book: &LeaseBook) -> u64 {
         t.for_each(|k| n += k.value.allocations().len() as u64);
     }
     n
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wait_histogram_is_cumulative_and_exact_at_the_extremes() {
+        let h = WaitHistogram::default();
+        h.record(0);
+        h.record(1_000_000);
+        h.record(1_000_001);
+        h.record(u64::MAX);
+        h.record(u64::MAX);
+        assert_eq!(h.count(), 5);
+        let mut text = String::new();
+        h.encode("w", "waits", &mut text);
+        assert!(text.contains("w_bucket{le=\"0.001\"} 2\n"), "{text}");
+        assert!(text.contains("w_bucket{le=\"0.0025\"} 3\n"), "{text}");
+        assert!(text.contains("w_bucket{le=\"5\"} 3\n"), "{text}");
+        assert!(text.contains("w_bucket{le=\"+Inf\"} 5\n"), "{text}");
+        // The sum saturates instead of wrapping.
+        assert!(text.contains("w_sum 18446744073.709551615\n"), "{text}");
+        assert!(text.contains("w_count 5\n"), "{text}");
+    }
+
+    #[test]
+    fn seconds_are_printed_exactly() {
+        assert_eq!(seconds(0), "0");
+        assert_eq!(seconds(250_000_000), "0.25");
+        assert_eq!(seconds(1_000_000_001), "1.000000001");
+        assert_eq!(seconds(u64::MAX), "18446744073.709551615");
+    }
 }

@@ -7,7 +7,9 @@
 //! [`manager`](super::manager), signalled through a channel.
 
 use super::allocation::HeldAllocation;
+use super::protocol::{KeyProtocol, Standing};
 use super::settings::LeaseSettings;
+use crate::metrics::WaitHistogram;
 use allot_common::algorithm::{LimitParams, Rate, RateAlgorithm, TokenBucket, TokenBucketState};
 use allot_common::clock::Clock;
 use allot_common::config::{FailureMode, Rule, RuleLimit, Scope};
@@ -19,11 +21,11 @@ use allot_common::limiter::Snapshot;
 use allot_common::name::NameIndex;
 use allot_common::units::{Micros, Nanos, MICROS_PER_TOKEN, NANOS_PER_MILLI};
 use arc_swap::ArcSwap;
-use parking_lot::{Mutex, RwLock};
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use tokio::sync::{mpsc, Notify};
+use tokio::sync::mpsc;
 
 /// What the lease manager is asked to do.
 #[derive(Debug)]
@@ -49,27 +51,17 @@ pub struct KeyLease {
     pub failure_mode: FailureMode,
     /// Largest grant the allocator makes for this rule, microtokens.
     pub max_grant: Micros,
-    /// Allocations, oldest first. Replaced copy-on-write by the manager; a decision reads
-    /// them under the read lock (two uncontended atomics, cheaper than a swap-pointer load).
-    allocations: RwLock<Arc<Vec<Arc<HeldAllocation>>>>,
-    /// An Acquire is in flight.
-    pub acquiring: AtomicBool,
-    /// Signalled when an Acquire finishes (granted, denied or failed).
-    pub ready: Notify,
-    /// No new Acquire before this time (after a denial or an error), ns.
-    pub next_try_at: AtomicU64,
+    /// Where the key stands with the allocator: allocations, call in flight, denial,
+    /// reachability, waiting cost ([`KeyProtocol`]).
+    pub protocol: KeyProtocol,
     /// Lease length the rule asks for, ms (to size wants from demand).
     pub ttl_ms: u64,
-    /// Whether any Acquire for this key has finished (warm) — until then a decision may wait.
-    pub answered: AtomicBool,
     /// Microtokens admitted for this key in total (allocations and emergency), for demand.
     pub admitted: AtomicU64,
     /// `admitted` at the previous maintenance pass.
     pub prev_admitted: AtomicU64,
     /// Recent demand, microtokens per second (measured each maintenance pass).
     pub demand_per_s: AtomicU64,
-    /// Serialises changes to `allocations` (manager only; the hot path never takes it).
-    pub alloc_write: tokio::sync::Mutex<()>,
     /// Microtokens admitted from the emergency bucket while the allocator was unreachable.
     pub emergency_admitted: AtomicU64,
     emergency: Mutex<Option<TokenBucketState>>,
@@ -91,14 +83,9 @@ impl KeyLease {
         self.allocations().iter().map(|a| a.unreported()).sum()
     }
 
-    /// Replaces the allocation list (manager only).
-    pub fn set_allocations(&self, v: Vec<Arc<HeldAllocation>>) {
-        *self.allocations.write() = Arc::new(v);
-    }
-
     /// The allocation list, oldest first.
     pub fn allocations(&self) -> Arc<Vec<Arc<HeldAllocation>>> {
-        self.allocations.read().clone()
+        self.protocol.allocations()
     }
 }
 
@@ -125,10 +112,17 @@ enum Mode {
 /// Counters of the lease path, for metrics.
 #[derive(Debug, Default)]
 pub struct LeaseCounters {
-    /// Decisions that found a key cold and asked for its first allocation.
+    /// Decisions that found nothing to spend (cold or exhausted key, no standing denial) and
+    /// joined the key's next allocator call.
     pub cold_misses: AtomicU64,
-    /// Decisions that waited for a cold key's Acquire.
+    /// Requests that waited for an allocator call (cold or exhausted key).
     pub cold_waits: AtomicU64,
+    /// Requests whose wait reached `cold_wait_ms` without an answer (then denied).
+    pub wait_timeouts: AtomicU64,
+    /// How long requests waited for an allocator call (Prometheus histogram).
+    pub wait_time: WaitHistogram,
+    /// Decisions denied from the allocator's remembered denial, without a call.
+    pub denials_held: AtomicU64,
     /// Acquire RPCs sent.
     pub acquires: AtomicU64,
     /// Report RPCs sent.
@@ -301,18 +295,15 @@ impl LeaseBook {
         self.tables.load().existing(domain, rule_index, entries)
     }
 
-    /// Asks the manager for an allocation unless one is in flight or a retry is not due.
+    /// Asks the manager for an allocation unless a call for the key is in flight or a denial
+    /// or failure backoff stands.
     pub fn request_lease(&self, kl: &Arc<Keyed<KeyLease>>, now: Nanos) {
-        let v = &kl.value;
-        if now < v.next_try_at.load(Ordering::Relaxed) || v.acquiring.load(Ordering::Relaxed) {
-            return;
-        }
-        if v.acquiring
-            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed)
-            .is_ok()
+        if kl.value.protocol.begin_call(now)
+            && self.events.send(LeaseEvent::Acquire(kl.clone())).is_err()
         {
-            // A closed channel means the agent is shutting down: nothing more to lease.
-            let _ = self.events.send(LeaseEvent::Acquire(kl.clone()));
+            // A closed channel means the agent is shutting down: nothing more to lease, and
+            // no decision may wait for a call that will never be made.
+            kl.value.protocol.abandon_call();
         }
     }
 
@@ -368,8 +359,8 @@ impl LeaseBook {
         mode: Mode,
     ) -> GlobalDecision<LeaseReservation> {
         let v = &kl.value;
-        if mode != Mode::Peek && v.fuse.is_none() && v.answered.load(Ordering::Acquire) {
-            let allocs = v.allocations.read();
+        if mode != Mode::Peek && v.fuse.is_none() {
+            let allocs = v.protocol.held();
             if let Some(a) = allocs.iter().find(|a| a.try_spend(cost, now)) {
                 v.last_used.store(now, Ordering::Relaxed);
                 return self.admitted(kl, &allocs, a, cost, now, mode, false);
@@ -406,6 +397,11 @@ impl LeaseBook {
         }
     }
 
+    /// Everything but the hot path: the fuse, then the key's allocations, then — nothing held
+    /// covers the cost — where the key stands with the allocator ([`Standing`]): a standing
+    /// denial denies at once, an unreachable allocator applies the failure mode, and otherwise
+    /// the decision joins the key's next call and is answered `cold` so the caller waits for it
+    /// (issue 9 item 1: no 429 only because this agent holds nothing).
     #[cold]
     #[inline(never)]
     fn decide_slow(
@@ -418,12 +414,6 @@ impl LeaseBook {
         let take = mode != Mode::Peek;
         let v = &kl.value;
         v.last_used.store(now, Ordering::Relaxed);
-        // Whether the key was cold is read before its allocations: the Acquire that this very
-        // decision may start can finish (on another thread) before the check below, and a key
-        // answered in between would then be denied as warm-but-empty without waiting for the
-        // allocation that just landed. `answered` is stored after the allocation is installed,
-        // so seeing it true here also means the allocation is visible in the load below.
-        let cold = !v.answered.load(Ordering::Acquire);
         // The fuse first: a flood is rejected here, before it can drain allocations or ask
         // the allocator for more.
         let fused = match (&v.fuse, take) {
@@ -457,38 +447,50 @@ impl LeaseBook {
             self.refund_fuse(v, cost);
         }
         let remaining: Micros = allocs.iter().map(|a| a.remaining(now)).sum();
-        // Nothing held covers it: ask for more (in the background) and decide without it.
-        if take {
-            self.request_lease(kl, now);
-        }
-        if cold {
-            self.counters.cold_misses.fetch_add(1, Ordering::Relaxed);
-            return denied(
-                remaining,
-                RetryAfter::After(self.settings.retry_floor_ns()),
-                true,
-            );
-        }
-        if !self.is_reachable() {
-            if v.failure_mode == FailureMode::Emergency {
-                if let Some(d) = self.emergency(kl, cost, now, take) {
-                    return d;
+        self.nothing_held(kl, remaining, cost, now, take)
+    }
+
+    /// A decision for which the key holds nothing spendable: decided by where the key stands
+    /// with the allocator.
+    fn nothing_held(
+        &self,
+        kl: &Arc<Keyed<KeyLease>>,
+        remaining: Micros,
+        cost: Micros,
+        now: Nanos,
+        take: bool,
+    ) -> GlobalDecision<LeaseReservation> {
+        let v = &kl.value;
+        match v.protocol.standing(now, ms(self.settings.cold_wait_ms)) {
+            Standing::Denied(until) => {
+                // The allocator's own Retry-After (from its bucket), counting down.
+                self.counters.denials_held.fetch_add(1, Ordering::Relaxed);
+                denied(remaining, RetryAfter::After(until - now), false)
+            }
+            Standing::Unreachable(until) => {
+                if v.failure_mode == FailureMode::Emergency {
+                    if let Some(d) = self.emergency(kl, cost, now, take) {
+                        return d;
+                    }
+                } else {
+                    self.counters
+                        .failure_denials
+                        .fetch_add(1, Ordering::Relaxed);
                 }
-            } else {
-                self.counters
-                    .failure_denials
-                    .fetch_add(1, Ordering::Relaxed);
+                let wait = until
+                    .saturating_sub(now)
+                    .max(self.settings.retry_floor_ns());
+                denied(remaining, RetryAfter::After(wait), false)
+            }
+            Standing::Ask => {
+                // Join the key's next call: it asks for at least the waiting decisions' costs.
+                self.counters.cold_misses.fetch_add(1, Ordering::Relaxed);
+                v.protocol.add_waiting(cost);
+                self.request_lease(kl, now);
+                let wait = time_for(cost, v.params).max(self.settings.retry_floor_ns());
+                denied(remaining, RetryAfter::After(wait), true)
             }
         }
-        // The allocator's own Retry-After (from its bucket) while it stands, else the time the
-        // policy's rate needs to produce the cost.
-        let until = v.next_try_at.load(Ordering::Relaxed);
-        let wait = if until > now {
-            until - now
-        } else {
-            time_for(cost, v.params).max(self.settings.retry_floor_ns())
-        };
-        denied(remaining, RetryAfter::After(wait), false)
     }
 
     /// The emergency bucket (failure mode `emergency`): a local token bucket at a fraction of
@@ -573,16 +575,11 @@ fn new_key(key: &GlobalKey<'_>, now: Nanos) -> KeyLease {
         params,
         failure_mode: key.rule.failure_mode,
         max_grant: key.rule.lease.max_grant,
-        allocations: RwLock::new(Arc::new(Vec::new())),
-        acquiring: AtomicBool::new(false),
-        ready: Notify::new(),
-        next_try_at: AtomicU64::new(0),
+        protocol: KeyProtocol::default(),
         ttl_ms: key.rule.lease.ttl_ms,
-        answered: AtomicBool::new(false),
         admitted: AtomicU64::new(0),
         prev_admitted: AtomicU64::new(0),
         demand_per_s: AtomicU64::new(0),
-        alloc_write: tokio::sync::Mutex::new(()),
         emergency_admitted: AtomicU64::new(0),
         emergency: Mutex::new(None),
         fuse: match key.rule.fuse {

@@ -6,7 +6,7 @@ use super::allocation::HeldAllocation;
 use super::book::{ms, KeyLease, LeaseBook, LeaseEvent};
 use super::client::AllocatorLink;
 use allot_common::keyed::Keyed;
-use allot_common::units::{Micros, MICROS_PER_TOKEN, NANOS_PER_SEC};
+use allot_common::units::{Micros, Nanos, MICROS_PER_TOKEN, NANOS_PER_SEC};
 use allot_proto::allot::v1 as pb;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -96,7 +96,7 @@ impl LeaseManager {
             table.retain(|k| {
                 let v = &k.value;
                 !(v.allocations().is_empty()
-                    && !v.acquiring.load(Ordering::Relaxed)
+                    && !v.protocol.in_flight()
                     && now.saturating_sub(v.last_used.load(Ordering::Relaxed)) > idle)
             });
         }
@@ -110,11 +110,11 @@ impl LeaseManager {
             for kl in table.snapshot() {
                 let (book, link) = (self.book.clone(), self.link.clone());
                 work.spawn(async move {
-                    let _w = kl.value.alloc_write.lock().await;
+                    let w = kl.value.protocol.lock_writes().await;
                     for a in kl.value.allocations().iter() {
-                        release(&book, &link, a).await;
+                        release(&book, &link, &kl, a).await;
                     }
-                    kl.value.set_allocations(Vec::new());
+                    kl.value.protocol.replace(&w, Vec::new());
                 });
             }
         }
@@ -125,14 +125,14 @@ impl LeaseManager {
 /// Reports, releases and prefetches for one key.
 async fn settle_key(book: &LeaseBook, link: &AllocatorLink, kl: &Arc<Keyed<KeyLease>>) {
     let v = &kl.value;
-    let _w = v.alloc_write.lock().await;
+    let w = v.protocol.lock_writes().await;
     let now = book.clock().now();
     let held = v.allocations();
     let mut keep: Vec<Arc<HeldAllocation>> = Vec::with_capacity(held.len() + 1);
     for a in held.iter() {
         let finished = a.is_expired(now) || a.spent() >= a.granted;
         if finished {
-            if release(book, link, a).await {
+            if release(book, link, kl, a).await {
                 continue;
             }
             // Unreachable allocator: keep it (unspendable past its deadline) to release later,
@@ -155,18 +155,17 @@ async fn settle_key(book: &LeaseBook, link: &AllocatorLink, kl: &Arc<Keyed<KeyLe
             };
             match link.call(|mut c| async move { c.report(req).await }).await {
                 Ok(r) => {
-                    book.set_reachable(true);
+                    reachable(book, v);
                     a.set_reported(r.recorded_spend);
                 }
                 Err(s) if fenced(&s) => {
                     // The allocator no longer knows it as live (expired or fenced): stop.
-                    book.set_reachable(true);
+                    reachable(book, v);
                     tracing::warn!(allocation = a.id, status = %s, "allocation fenced; dropping it");
                     continue;
                 }
                 Err(s) => {
-                    book.set_reachable(false);
-                    book.counters.rpc_errors.fetch_add(1, Ordering::Relaxed);
+                    unreachable(book, v, now);
                     tracing::debug!(allocation = a.id, status = %s, "report failed");
                 }
             }
@@ -175,9 +174,9 @@ async fn settle_key(book: &LeaseBook, link: &AllocatorLink, kl: &Arc<Keyed<KeyLe
     }
     let changed = keep.len() != held.len();
     if changed {
-        v.set_allocations(keep);
+        v.protocol.replace(&w, keep);
     }
-    drop(_w);
+    drop(w);
     // Prefetch when what is left will not last until the next pass, or when every allocation
     // ends before the pass after next (tokens left at the deadline are of no use).
     let left = v.remaining(now);
@@ -198,8 +197,29 @@ async fn settle_key(book: &LeaseBook, link: &AllocatorLink, kl: &Arc<Keyed<KeyLe
     }
 }
 
-/// Releases `a` with its final spend; true when the allocator no longer holds it.
-async fn release(book: &LeaseBook, link: &AllocatorLink, a: &HeldAllocation) -> bool {
+/// The allocator answered a call for key `v`.
+fn reachable(book: &LeaseBook, v: &KeyLease) {
+    book.set_reachable(true);
+    v.protocol.record_reachable();
+}
+
+/// A call for key `v` found the allocator unreachable at `now`: the key follows its failure
+/// mode until the error backoff ends (reachability is per key: another key's failure never
+/// decides this one's).
+fn unreachable(book: &LeaseBook, v: &KeyLease, now: Nanos) {
+    book.set_reachable(false);
+    book.counters.rpc_errors.fetch_add(1, Ordering::Relaxed);
+    v.protocol
+        .record_failure(now.saturating_add(ms(book.settings().error_backoff_ms)));
+}
+
+/// Releases `a` of key `kl` with its final spend; true when the allocator no longer holds it.
+async fn release(
+    book: &LeaseBook,
+    link: &AllocatorLink,
+    kl: &Keyed<KeyLease>,
+    a: &HeldAllocation,
+) -> bool {
     book.counters.releases.fetch_add(1, Ordering::Relaxed);
     let req = pb::ReleaseRequest {
         allocation_id: a.id,
@@ -208,34 +228,35 @@ async fn release(book: &LeaseBook, link: &AllocatorLink, a: &HeldAllocation) -> 
     };
     match link.call(|mut c| async move { c.release(req).await }).await {
         Ok(r) => {
-            book.set_reachable(true);
+            reachable(book, &kl.value);
             a.set_reported(a.spent());
             tracing::debug!(allocation = a.id, returned = r.returned, "released");
             true
         }
         Err(s) if fenced(&s) => {
-            book.set_reachable(true);
+            reachable(book, &kl.value);
             true
         }
         Err(_) => {
-            book.set_reachable(false);
-            book.counters.rpc_errors.fetch_add(1, Ordering::Relaxed);
+            unreachable(book, &kl.value, book.clock().now());
             false
         }
     }
 }
 
-/// What to ask for: the demand of one lease period, at least one token and at most the
-/// policy's max grant; the max grant for a cold key (no demand seen yet).
-fn want(v: &KeyLease, ttl_ms: u64) -> Micros {
+/// What to ask for: the demand of one lease period, and at least what the decisions waiting
+/// for this call cost together (`waiting`, µtokens); at least one token and at most the
+/// policy's max grant. The max grant for a cold key (no demand seen yet).
+fn want(v: &KeyLease, ttl_ms: u64, waiting: Micros) -> Micros {
     let demand = v.demand_per_s.load(Ordering::Relaxed);
     let w = if demand == 0 {
         v.max_grant
     } else {
         // 25% headroom so a steady key renews before it runs dry.
-        (u128::from(demand) * u128::from(ttl_ms) * 5 / 4 / 1000) as u64
+        u64::try_from(u128::from(demand) * u128::from(ttl_ms) * 5 / 4 / 1000).unwrap_or(u64::MAX)
     };
-    w.clamp(MICROS_PER_TOKEN, v.max_grant.max(MICROS_PER_TOKEN))
+    w.max(waiting)
+        .clamp(MICROS_PER_TOKEN, v.max_grant.max(MICROS_PER_TOKEN))
 }
 
 /// One Acquire for `kl` (retried across nodes with the same request id), installed on grant.
@@ -268,7 +289,7 @@ async fn acquire(
         }),
         region: s.region.clone(),
         holder: s.agent_id.clone(),
-        want: want(v, v.ttl_ms),
+        want: want(v, v.ttl_ms, v.protocol.take_waiting()),
         request_id,
     };
     book.counters.acquires.fetch_add(1, Ordering::Relaxed);
@@ -297,32 +318,21 @@ async fn acquire(
                 g.expires_at_unix_ms,
                 g.policy_version,
             ));
-            let _w = v.alloc_write.lock().await;
-            let mut next: Vec<Arc<HeldAllocation>> = v
-                .allocations()
-                .iter()
-                .filter(|x| !x.is_expired(now) || x.spent() > x.reported())
-                .cloned()
-                .collect();
-            next.push(a);
-            v.set_allocations(next);
-            v.next_try_at.store(0, Ordering::Relaxed);
+            v.protocol.install(a, now).await;
         }
         Ok(pb::AcquireResponse {
             outcome: Some(pb::acquire_response::Outcome::Denial(d)),
         }) => {
             book.set_reachable(true);
-            v.next_try_at.store(
-                now.saturating_add(ms(d.retry_after_ms.max(1))),
-                Ordering::Relaxed,
-            );
+            v.protocol
+                .record_denial(now.saturating_add(ms(d.retry_after_ms.max(1))));
         }
         Ok(pb::AcquireResponse { outcome: None }) => {
+            // An answer without an outcome: the allocator is up but granted nothing; deny for
+            // the error backoff (never the failure mode: the allocator answered).
             book.set_reachable(true);
-            v.next_try_at.store(
-                now.saturating_add(ms(s.error_backoff_ms)),
-                Ordering::Relaxed,
-            );
+            v.protocol
+                .record_denial(now.saturating_add(ms(s.error_backoff_ms)));
         }
         Err(st) => {
             // A leader hint that could not be followed means no leader answered either.
@@ -337,15 +347,16 @@ async fn acquire(
                 book.counters.rpc_errors.fetch_add(1, Ordering::Relaxed);
             }
             tracing::warn!(domain = %v.domain, status = %st, "acquire failed");
-            v.next_try_at.store(
-                now.saturating_add(ms(s.error_backoff_ms)),
-                Ordering::Relaxed,
-            );
+            let until = now.saturating_add(ms(s.error_backoff_ms));
+            if answered {
+                // Refused (bad key, unknown policy, cap reached): the allocator is up, so this
+                // is a denial for the backoff, never the failure mode.
+                v.protocol.record_denial(until);
+            } else {
+                v.protocol.record_failure(until);
+            }
         }
     }
-    v.answered.store(true, Ordering::Release);
-    v.acquiring.store(false, Ordering::Release);
-    v.ready.notify_waiters();
 }
 
 /// The allocator answered that it no longer holds the allocation as live (expired, released,

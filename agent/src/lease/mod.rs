@@ -5,12 +5,14 @@ pub mod allocation;
 pub mod book;
 pub mod client;
 pub mod manager;
+pub mod protocol;
 pub mod settings;
 
 pub use allocation::HeldAllocation;
 pub use book::{KeyLease, LeaseBook, LeaseEvent, LeaseReservation, LeaseTables, LeaseView};
 pub use client::{AllocatorLink, LinkError};
 pub use manager::LeaseManager;
+pub use protocol::{KeyProtocol, Standing};
 pub use settings::LeaseSettings;
 
 #[cfg(test)]

@@ -9,6 +9,7 @@ use allot_common::limiter::{Code, DescriptorStatus, Reason};
 use allot_common::units::{MICROS_PER_TOKEN as T, NANOS_PER_MILLI as MS};
 use allot_common::RetryAfter;
 use std::path::Path;
+use allot_common::keyed::Keyed;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use tokio::sync::mpsc;
@@ -112,12 +113,28 @@ fn install(
         0,
         1,
     ));
-    let mut v: Vec<_> = kl.value.allocations().iter().cloned().collect();
-    v.push(a.clone());
-    kl.value.set_allocations(v);
-    kl.value.answered.store(true, Ordering::Release);
-    kl.value.acquiring.store(false, Ordering::Release);
+    block_on(kl.value.protocol.install(a.clone(), r.clock_now()));
     a
+}
+
+/// Runs a protocol step that takes the allocation list's async write lock.
+fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("runtime")
+        .block_on(f)
+}
+
+/// The key's lease state (it must have been seen).
+fn key(r: &Rig, entries: &[(&str, &str)], rule_index: u32) -> Arc<Keyed<KeyLease>> {
+    let es: Vec<Entry<'_>> = entries
+        .iter()
+        .map(|(k, v)| Entry { key: k, value: v })
+        .collect();
+    r.enforcer
+        .book()
+        .existing("api", rule_index, &es)
+        .expect("key seen")
 }
 
 impl Rig {
@@ -143,10 +160,30 @@ fn cold_key_asks_once_and_is_denied_until_granted() {
         assert_eq!(code, Code::Ok);
         assert_eq!(st[0].remaining, left);
     }
-    // Exhausted: denied, not cold, with a Retry-After from the policy rate (1 token at 10/s).
+    // Exhausted and no denial from the allocator: like a cold key, the decision waits for the
+    // key's next call (issue 9 item 1: no 429 only because this agent holds nothing). Should
+    // the wait run out, the Retry-After is from the policy rate (1 token at 10/s).
+    while r.events.try_recv().is_ok() {}
+    let kl = key(&r, &[("tenant", "acme")], 0);
     let (code, st, awaiting) = decide(&r, &[("tenant", "acme")], None);
-    assert_eq!((code, awaiting), (Code::OverLimit, false));
+    assert_eq!((code, awaiting), (Code::OverLimit, true));
     assert_eq!(st[0].retry_after, RetryAfter::After(100 * MS));
+    assert!(kl.value.protocol.in_flight(), "a call is under way");
+    // The allocator denies for 3 s: the denial is remembered; decisions are denied at once with
+    // its Retry-After, counting down, and send nothing more.
+    while r.events.try_recv().is_ok() {}
+    kl.value.protocol.record_denial(r.clock_now() + 3_000 * MS);
+    r.clock.advance(1_000 * MS);
+    for _ in 0..100 {
+        let (code, st, awaiting) = decide(&r, &[("tenant", "acme")], None);
+        assert_eq!((code, awaiting), (Code::OverLimit, false));
+        assert_eq!(st[0].retry_after, RetryAfter::After(2_000 * MS));
+    }
+    assert!(r.events.try_recv().is_err(), "a rejected flood asks nothing");
+    // The denial over, the next decision asks (and would wait) again.
+    r.clock.advance(2_000 * MS);
+    assert!(decide(&r, &[("tenant", "acme")], None).2);
+    assert!(matches!(r.events.try_recv(), Ok(LeaseEvent::Acquire(_))));
 }
 
 #[test]
@@ -202,9 +239,12 @@ fn overshoot_bound_is_granted_minus_reported_plus_emergency() {
         value: "f1",
     }];
     let kl = book.existing("api", 2, &fleet).unwrap();
-    kl.value.answered.store(true, Ordering::Release);
-    kl.value.acquiring.store(false, Ordering::Release);
-    book.set_reachable(false);
+    kl.value.protocol.record_failure(u64::MAX);
+    // Reachability is per key: acme's allocator calls fail too.
+    key(&r, &[("tenant", "acme")], 0)
+        .value
+        .protocol
+        .record_failure(u64::MAX);
     let mut admitted = 0;
     for _ in 0..15 {
         if decide(&r, &[("fleet", "f1")], None).0 == Code::Ok {

@@ -341,17 +341,16 @@ async fn a_cold_key_answered_at_once_is_admitted_first_time() {
     let done = Arc::new(AtomicBool::new(false));
     let stop = done.clone();
     let responder = std::thread::spawn(move || {
+        let installer = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime");
         let mut id = 0;
         while !stop.load(Ordering::Relaxed) {
             match rx.try_recv() {
                 Ok(LeaseEvent::Acquire(kl)) => {
                     id += 1;
-                    let v = &kl.value;
                     let a = Arc::new(HeldAllocation::new(id, 1, 5 * T, u64::MAX, 0, 1));
-                    v.set_allocations(vec![a]);
-                    v.answered.store(true, Ordering::Release);
-                    v.acquiring.store(false, Ordering::Release);
-                    v.ready.notify_waiters();
+                    installer.block_on(kl.value.protocol.install(a, 0));
                 }
                 Err(_) => std::hint::spin_loop(),
             }

@@ -423,7 +423,7 @@ async fn one_node_decides_locally_with_exact_retry_after() {
         )
         .expect("key");
     assert!(
-        eventually(15, || kl.value.next_try_at.load(Ordering::SeqCst) > 0).await,
+        eventually(15, || kl.value.protocol.denied_until() > 0).await,
         "the allocator's denial never arrived"
     );
     let o = agent.decide("one", "tenant", "t").await;
@@ -464,8 +464,8 @@ async fn one_node_decides_locally_with_exact_retry_after() {
     let o = agent.decide("one", "tenant", "t").await;
     assert_eq!(o.code, Code::OverLimit, "one token a minute, and no more");
     assert!(
-        eventually(15, || !kl.value.acquiring.load(Ordering::SeqCst)
-            && kl.value.next_try_at.load(Ordering::SeqCst) > clock.now())
+        eventually(15, || !kl.value.protocol.in_flight()
+            && kl.value.protocol.denied_until() > clock.now())
         .await
     );
     // The allocator's bucket is empty again at T0 + 60 s: the next token is a minute away.

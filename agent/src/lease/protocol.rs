@@ -1,0 +1,297 @@
+//! Where one key stands with the allocator (issue 9 item 1, seed §21–22): the allocations it
+//! holds, whether a call for it is in flight, the allocator's standing denial, whether its last
+//! call found the allocator unreachable, and the summed cost of the decisions waiting for its
+//! next call.
+//!
+//! A key moves through these states:
+//!
+//! - **cold**: never answered; nothing held;
+//! - **warm**: holds allocations with tokens (the hot path spends them with atomics);
+//! - **exhausted**: holds nothing spendable, no standing denial: a decision *waits* for the
+//!   allocator's answer (bounded by `cold_wait_ms`), exactly as a cold key does;
+//! - **denied until t**: the allocator said no with a retry time; decisions are denied at once
+//!   with that Retry-After and no call is made, so a rejected flood never reaches it;
+//! - **unreachable until t**: the last call *for this key* failed (or has been outstanding
+//!   longer than the wait bound); decisions follow the rule's failure mode until t.
+//!
+//! Every field is private: the lease manager installs allocations and records denials and
+//! failures through methods; the decision path reads [`KeyProtocol::standing`] and spends from
+//! [`KeyProtocol::held`].
+
+use super::allocation::HeldAllocation;
+use allot_common::units::{Micros, Nanos};
+use parking_lot::{RwLock, RwLockReadGuard};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use tokio::sync::futures::Notified;
+use tokio::sync::{Mutex, MutexGuard, Notify};
+
+/// What a decision that found nothing to spend does next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Standing {
+    /// The allocator denied the key; deny until this time (ns) without asking.
+    Denied(Nanos),
+    /// The last call for this key failed; follow the failure mode until this time (ns).
+    Unreachable(Nanos),
+    /// Ask the allocator (or join the call in flight) and wait for its answer.
+    Ask,
+}
+
+/// The allocator protocol of one key. See the module docs for its states.
+#[derive(Debug, Default)]
+pub struct KeyProtocol {
+    /// Allocations, oldest first. Replaced copy-on-write under `write`; a decision reads them
+    /// under the read lock (two uncontended atomics, cheaper than a swap-pointer load).
+    allocations: RwLock<Arc<Vec<Arc<HeldAllocation>>>>,
+    /// Serialises changes to `allocations` (manager only; the hot path never takes it).
+    write: Mutex<()>,
+    /// A call that can bring tokens (Acquire or Decide) is in flight.
+    in_flight: AtomicBool,
+    /// When the call in flight was sent, ns (a call outstanding past the wait bound counts as
+    /// the allocator being unreachable for this key).
+    sent_at: AtomicU64,
+    /// Whether any call for this key has been answered (or failed).
+    answered: AtomicBool,
+    /// The allocator's denial stands until this time, ns (0: none).
+    denied_until: AtomicU64,
+    /// The last call for this key failed; no new call and failure mode until this time, ns.
+    unreachable_until: AtomicU64,
+    /// Σ cost of decisions that found nothing to spend since the last call was sent, µtokens:
+    /// the next call asks for at least this much, so concurrent requests share one call.
+    waiting: AtomicU64,
+    /// Signalled when a call for this key finishes (granted, denied or failed).
+    ready: Notify,
+}
+
+impl KeyProtocol {
+    /// The allocations, oldest first, under the read lock (hot path: no reference count).
+    #[inline]
+    pub fn held(&self) -> RwLockReadGuard<'_, Arc<Vec<Arc<HeldAllocation>>>> {
+        self.allocations.read()
+    }
+
+    /// A snapshot of the allocations, oldest first.
+    pub fn allocations(&self) -> Arc<Vec<Arc<HeldAllocation>>> {
+        self.allocations.read().clone()
+    }
+
+    /// Takes the write lock of the allocation list; hold it across a read-modify-write of the
+    /// list ([`replace`](Self::replace)) so concurrent manager tasks do not lose each other's
+    /// changes.
+    pub async fn lock_writes(&self) -> MutexGuard<'_, ()> {
+        self.write.lock().await
+    }
+
+    /// Replaces the allocation list; the caller holds [`lock_writes`](Self::lock_writes).
+    pub fn replace(&self, _writing: &MutexGuard<'_, ()>, v: Vec<Arc<HeldAllocation>>) {
+        *self.allocations.write() = Arc::new(v);
+    }
+
+    /// Where the key stands at `now` for a decision that found nothing to spend; `wait_bound`
+    /// (ns) is the longest a decision waits for a call: a call outstanding longer counts as an
+    /// unreachable allocator for this key.
+    #[inline]
+    pub fn standing(&self, now: Nanos, wait_bound: Nanos) -> Standing {
+        let denied = self.denied_until.load(Ordering::Acquire);
+        if now < denied {
+            return Standing::Denied(denied);
+        }
+        let down = self.unreachable_until.load(Ordering::Acquire);
+        if now < down {
+            return Standing::Unreachable(down);
+        }
+        if self.in_flight.load(Ordering::Acquire) {
+            let late = self
+                .sent_at
+                .load(Ordering::Relaxed)
+                .saturating_add(wait_bound);
+            if now > late {
+                return Standing::Unreachable(now);
+            }
+        }
+        Standing::Ask
+    }
+
+    /// Adds `cost` to what the next call asks for (a decision about to wait for it).
+    pub fn add_waiting(&self, cost: Micros) {
+        // Saturating: a sum beyond u64 is clamped by the want anyway.
+        let _ = self
+            .waiting
+            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |w| {
+                Some(w.saturating_add(cost))
+            });
+    }
+
+    /// Starts a call at `now` unless one is in flight or a denial or failure backoff stands;
+    /// true when the caller must send it.
+    pub fn begin_call(&self, now: Nanos) -> bool {
+        if now < self.denied_until.load(Ordering::Relaxed)
+            || now < self.unreachable_until.load(Ordering::Relaxed)
+            || self.in_flight.load(Ordering::Relaxed)
+        {
+            return false;
+        }
+        let won = self
+            .in_flight
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok();
+        if won {
+            self.sent_at.store(now, Ordering::Relaxed);
+        }
+        won
+    }
+
+    /// Whether a call for the key is in flight.
+    pub fn in_flight(&self) -> bool {
+        self.in_flight.load(Ordering::Acquire)
+    }
+
+    /// Whether any call for the key has finished.
+    pub fn answered(&self) -> bool {
+        self.answered.load(Ordering::Acquire)
+    }
+
+    /// The summed cost of the waiting decisions, reset: the call being composed now carries it.
+    pub fn take_waiting(&self) -> Micros {
+        self.waiting.swap(0, Ordering::AcqRel)
+    }
+
+    /// The allocator's standing denial, ns (0 or past: none).
+    pub fn denied_until(&self) -> Nanos {
+        self.denied_until.load(Ordering::Acquire)
+    }
+
+    /// End of the failure backoff after the last failed call, ns (0 or past: none).
+    pub fn unreachable_until(&self) -> Nanos {
+        self.unreachable_until.load(Ordering::Acquire)
+    }
+
+    /// A future that completes when the key's call in flight finishes. Create it *before*
+    /// checking [`in_flight`](Self::in_flight), so a finish in between is not missed.
+    pub fn finished(&self) -> Notified<'_> {
+        self.ready.notified()
+    }
+
+    /// Installs a granted allocation, dropping expired ones that have nothing left to report,
+    /// and ends the call: the key is warm. `now` is the agent's time of the answer.
+    pub async fn install(&self, a: Arc<HeldAllocation>, now: Nanos) {
+        let w = self.write.lock().await;
+        let mut next: Vec<Arc<HeldAllocation>> = self
+            .allocations()
+            .iter()
+            .filter(|x| !x.is_expired(now) || x.spent() > x.reported())
+            .cloned()
+            .collect();
+        next.push(a);
+        self.replace(&w, next);
+        drop(w);
+        self.denied_until.store(0, Ordering::Release);
+        self.unreachable_until.store(0, Ordering::Release);
+        self.end_call();
+    }
+
+    /// The allocator answered (anything but a grant counts as answered too); the key's
+    /// failure backoff ends.
+    pub fn record_reachable(&self) {
+        self.unreachable_until.store(0, Ordering::Release);
+    }
+
+    /// Records the allocator's denial: no call and an immediate denial until `until` (ns).
+    pub fn record_denial(&self, until: Nanos) {
+        self.denied_until.store(until, Ordering::Release);
+        self.unreachable_until.store(0, Ordering::Release);
+        self.end_call();
+    }
+
+    /// Records that a call for this key failed (unreachable, or an answer without an outcome):
+    /// failure mode and no new call until `until` (ns).
+    pub fn record_failure(&self, until: Nanos) {
+        self.unreachable_until.store(until, Ordering::Release);
+        self.end_call();
+    }
+
+    /// Ends a call that brought no change (e.g. its sender went away).
+    pub fn abandon_call(&self) {
+        self.end_call();
+    }
+
+    fn end_call(&self) {
+        self.answered.store(true, Ordering::Release);
+        self.in_flight.store(false, Ordering::Release);
+        self.ready.notify_waiters();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const WAIT: Nanos = 250;
+
+    #[test]
+    fn one_call_at_a_time_and_none_while_a_denial_stands() {
+        let p = KeyProtocol::default();
+        assert_eq!(p.standing(10, WAIT), Standing::Ask);
+        assert!(p.begin_call(10));
+        assert!(!p.begin_call(11), "a call is in flight");
+        p.record_denial(100);
+        assert!(p.answered() && !p.in_flight());
+        assert_eq!(p.standing(99, WAIT), Standing::Denied(100));
+        assert!(!p.begin_call(99), "no call while the denial stands");
+        assert_eq!(p.standing(100, WAIT), Standing::Ask);
+        assert!(p.begin_call(100));
+        p.record_failure(u64::MAX);
+        assert_eq!(p.standing(u64::MAX - 1, WAIT), Standing::Unreachable(u64::MAX));
+        assert!(!p.begin_call(u64::MAX - 1));
+        p.record_reachable();
+        assert_eq!(p.standing(100, WAIT), Standing::Ask);
+    }
+
+    #[test]
+    fn a_call_outstanding_past_the_wait_bound_counts_as_unreachable() {
+        let p = KeyProtocol::default();
+        assert!(p.begin_call(1_000));
+        assert_eq!(p.standing(1_000 + WAIT, WAIT), Standing::Ask);
+        assert_eq!(
+            p.standing(1_001 + WAIT, WAIT),
+            Standing::Unreachable(1_001 + WAIT)
+        );
+        // A wait bound at the top of the range never overflows.
+        assert_eq!(p.standing(u64::MAX, u64::MAX), Standing::Ask);
+    }
+
+    #[test]
+    fn waiting_costs_add_up_saturating_and_are_taken_once() {
+        let p = KeyProtocol::default();
+        p.add_waiting(3);
+        p.add_waiting(4);
+        assert_eq!(p.take_waiting(), 7);
+        assert_eq!(p.take_waiting(), 0);
+        p.add_waiting(u64::MAX);
+        p.add_waiting(1);
+        assert_eq!(p.take_waiting(), u64::MAX);
+    }
+
+    #[tokio::test]
+    async fn install_ends_the_call_clears_denials_and_drops_finished_allocations() {
+        let p = KeyProtocol::default();
+        // Expired with everything reported: dropped. Expired with spend unreported: kept.
+        let done = Arc::new(HeldAllocation::new(1, 1, 10, 5, 0, 1));
+        let owed = Arc::new(HeldAllocation::new(2, 1, 10, 5, 0, 1));
+        assert!(owed.try_spend(4, 0));
+        {
+            let w = p.lock_writes().await;
+            p.replace(&w, vec![done, owed]);
+        }
+        assert!(p.begin_call(0));
+        p.record_denial(3);
+        assert!(p.begin_call(3));
+        let fresh = Arc::new(HeldAllocation::new(3, 1, 10, 50, 0, 1));
+        let finished = p.finished();
+        p.install(fresh, 6).await;
+        finished.await;
+        let ids: Vec<u64> = p.allocations().iter().map(|a| a.id).collect();
+        assert_eq!(ids, vec![2, 3]);
+        assert_eq!((p.denied_until(), p.in_flight()), (0, false));
+    }
+}
