@@ -417,6 +417,8 @@ pub fn status(g: &Gateway) -> Value {
         "tracked_requests": g.tracked(),
         "counters": {
             "cold_waits": c.cold_waits.load(Ordering::Relaxed),
+            "wait_timeouts": c.wait_timeouts.load(Ordering::Relaxed),
+            "denials_held": c.denials_held.load(Ordering::Relaxed),
             "acquires": c.acquires.load(Ordering::Relaxed),
             "reports": c.reports.load(Ordering::Relaxed),
             "releases": c.releases.load(Ordering::Relaxed),

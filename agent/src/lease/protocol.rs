@@ -241,7 +241,10 @@ mod tests {
         assert_eq!(p.standing(100, WAIT), Standing::Ask);
         assert!(p.begin_call(100));
         p.record_failure(u64::MAX);
-        assert_eq!(p.standing(u64::MAX - 1, WAIT), Standing::Unreachable(u64::MAX));
+        assert_eq!(
+            p.standing(u64::MAX - 1, WAIT),
+            Standing::Unreachable(u64::MAX)
+        );
         assert!(!p.begin_call(u64::MAX - 1));
         p.record_reachable();
         assert_eq!(p.standing(100, WAIT), Standing::Ask);

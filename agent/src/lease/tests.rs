@@ -5,11 +5,11 @@ use crate::enforce::Enforcer;
 use allot_common::clock::ManualClock;
 use allot_common::config::ConfigSet;
 use allot_common::descriptor::{Descriptor, Entry, Request};
+use allot_common::keyed::Keyed;
 use allot_common::limiter::{Code, DescriptorStatus, Reason};
 use allot_common::units::{MICROS_PER_TOKEN as T, NANOS_PER_MILLI as MS};
 use allot_common::RetryAfter;
 use std::path::Path;
-use allot_common::keyed::Keyed;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use tokio::sync::mpsc;
@@ -179,7 +179,10 @@ fn cold_key_asks_once_and_is_denied_until_granted() {
         assert_eq!((code, awaiting), (Code::OverLimit, false));
         assert_eq!(st[0].retry_after, RetryAfter::After(2_000 * MS));
     }
-    assert!(r.events.try_recv().is_err(), "a rejected flood asks nothing");
+    assert!(
+        r.events.try_recv().is_err(),
+        "a rejected flood asks nothing"
+    );
     // The denial over, the next decision asks (and would wait) again.
     r.clock.advance(2_000 * MS);
     assert!(decide(&r, &[("tenant", "acme")], None).2);

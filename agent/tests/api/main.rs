@@ -5,6 +5,7 @@
 
 mod support;
 
+mod demand;
 mod http;
 mod leased;
 mod native;

@@ -12,10 +12,11 @@ use allot_proto::envoy::extensions::common::ratelimit::v3::{
     rate_limit_descriptor, RateLimitDescriptor,
 };
 use allot_proto::envoy::service::ratelimit::v3::RateLimitRequest;
+use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -173,6 +174,12 @@ pub struct FakeAllocator {
     pub released_spend: Arc<AtomicU64>,
     /// Stopped: every call fails as UNAVAILABLE, as a dead node's would.
     pub down: Arc<std::sync::atomic::AtomicBool>,
+    /// The `want` of every Acquire, in arrival order.
+    pub wants: Arc<Mutex<Vec<u64>>>,
+    /// Held for writing by a test: every Acquire waits (after being counted) until released.
+    pub gate: Arc<tokio::sync::RwLock<()>>,
+    /// Descriptor values whose Acquires fail as UNAVAILABLE (reachability is per key).
+    pub failing: Arc<Mutex<HashSet<String>>>,
     next_id: Arc<AtomicU64>,
 }
 
@@ -186,6 +193,9 @@ impl FakeAllocator {
             releases: Arc::default(),
             released_spend: Arc::default(),
             down: Arc::default(),
+            wants: Arc::default(),
+            gate: Arc::default(),
+            failing: Arc::default(),
             next_id: Arc::new(AtomicU64::new(1)),
         }
     }
@@ -236,6 +246,15 @@ impl Allocator for FakeAllocator {
         self.check_up()?;
         self.acquires.fetch_add(1, Ordering::Relaxed);
         let want = r.get_ref().want;
+        self.wants.lock().unwrap().push(want);
+        drop(self.gate.read().await);
+        let fails = r.get_ref().key.as_ref().is_some_and(|k| {
+            let failing = self.failing.lock().unwrap();
+            k.entries.iter().any(|e| failing.contains(&e.value))
+        });
+        if fails {
+            return Err(Status::unavailable("this key's calls fail"));
+        }
         let got = self
             .pool
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |p| {

@@ -1,0 +1,248 @@
+//! Quota follows demand at the agent (issue 9 item 1): a key that holds nothing to spend waits
+//! for the allocator instead of answering 429; only the allocator's (remembered) denial or an
+//! unreachable allocator for that very key produce a 429. Admissions are compared with the
+//! ideal central counter: the decision core replaying the same arrivals with the policy's
+//! bucket held in one place.
+
+use crate::support::*;
+use allot_agent::api::Gateway;
+use allot_common::config::ConfigSet;
+use allot_common::descriptor::{Descriptor, Entry, Request};
+use allot_common::limiter::{Code, Limiter, Outcome};
+use allot_common::units::Nanos;
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use tokio::sync::watch;
+
+/// 10/s, burst 10; leases of 1 s (the fake's ttl) and at most 20 tokens.
+const POLICY: &str = "domain: api
+descriptors:
+  - key: tenant
+    rate_limit: {unit: second, requests_per_unit: 10, lease: {ttl_ms: 1000, max_grant: 20}, name: tenant-rps}
+";
+
+struct Demand {
+    rig: Rig,
+    fake: FakeAllocator,
+    _allocator: tokio::task::JoinHandle<()>,
+    stop: watch::Sender<bool>,
+}
+
+impl Drop for Demand {
+    fn drop(&mut self) {
+        let _ = self.stop.send(true);
+    }
+}
+
+/// An agent on a manual clock leasing from a fake allocator with `pool` tokens and 1 s leases.
+async fn demand(pool: u64) -> Demand {
+    let fake = FakeAllocator::new(pool, 1_000);
+    let (addr, allocator) = fake.serve().await;
+    let mut rig = rig_with(POLICY, &[addr.to_string()], |s| {
+        s.report_interval_ms = 50;
+        s.cold_wait_ms = 5_000;
+        s.call_timeout_ms = 2_000;
+    });
+    let (stop, shutdown) = watch::channel(false);
+    rig.agent.spawn_background(shutdown);
+    Demand {
+        rig,
+        fake,
+        _allocator: allocator,
+        stop,
+    }
+}
+
+/// Decides one request of `cost` tokens for `tenant=value` through the agent's enforcer.
+async fn check(r: &Rig, value: &str, cost: u64) -> Outcome {
+    decide(&r.gateway, value, cost).await
+}
+
+/// [`check`] on a gateway.
+async fn decide(g: &Gateway, value: &str, cost: u64) -> Outcome {
+    let entries = [Entry {
+        key: "tenant",
+        value,
+    }];
+    let ds = [Descriptor {
+        entries: &entries,
+        hits_addend: Some(cost),
+    }];
+    let req = Request {
+        domain: "api",
+        descriptors: &ds,
+        hits_addend: None,
+    };
+    let mut statuses = Vec::new();
+    g.enforcer()
+        .decide(&req, &mut statuses)
+        .await
+        .expect("valid request")
+}
+
+/// How many of `arrivals` (agent times, ns) the ideal central counter admits: the decision
+/// core deciding every request of one key against one bucket.
+fn ideal_admitted(arrivals: &[Nanos]) -> usize {
+    let config = ConfigSet::from_yaml(POLICY, Path::new("p.yaml")).expect("policy");
+    let limiter = Limiter::new(config, arrivals[0]);
+    let entries = [Entry {
+        key: "tenant",
+        value: "ideal",
+    }];
+    let ds = [Descriptor {
+        entries: &entries,
+        hits_addend: None,
+    }];
+    let req = Request {
+        domain: "api",
+        descriptors: &ds,
+        hits_addend: None,
+    };
+    let mut st = Vec::new();
+    arrivals
+        .iter()
+        .filter(|t| limiter.decide(&req, **t, &mut st).expect("valid").code == Code::Ok)
+        .count()
+}
+
+fn counter(r: &Rig, f: impl Fn(&allot_agent::lease::book::LeaseCounters) -> u64) -> u64 {
+    f(&r.gateway.enforcer().book().counters)
+}
+
+/// A quiet tenant (one request every 3 s, leases of 1 s): every allocation has expired by the
+/// next request, so every request is the first after an idle longer than the lease. Each one
+/// waits for one Acquire and is admitted, as the ideal central counter admits it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quiet_key_is_admitted_after_every_idle_longer_than_the_lease() {
+    let d = demand(1_000).await;
+    let r = &d.rig;
+    let mut arrivals = Vec::new();
+    let mut admitted = 0;
+    for i in 0..6 {
+        use allot_common::clock::Clock;
+        arrivals.push(r.clock.now());
+        let o = check(r, "quiet", 1).await;
+        assert_eq!(o.code, Code::Ok, "request {i} after {} s idle", 3 * i);
+        admitted += 1;
+        r.clock.advance(3 * S);
+    }
+    assert_eq!(
+        admitted,
+        ideal_admitted(&arrivals),
+        "as the central counter"
+    );
+    assert_eq!(counter(r, |c| c.cold_waits.load(Ordering::Relaxed)), 6);
+    assert_eq!(counter(r, |c| c.wait_time.count()), 6, "every wait timed");
+    assert_eq!(counter(r, |c| c.wait_timeouts.load(Ordering::Relaxed)), 0);
+    // One Acquire per request, and at most one prefetch after it (the low watermark).
+    let acquires = d.fake.acquires.load(Ordering::Relaxed);
+    assert!((6..=12).contains(&acquires), "{acquires} Acquires");
+    let metrics = r.gateway.metrics().encode().expect("metrics");
+    assert!(
+        metrics.contains("allot_agent_lease_wait_seconds_count 6"),
+        "{metrics}"
+    );
+}
+
+/// An exhausted warm key (allocation spent, no denial) is not denied at once: the request
+/// waits for the next allocation, which the low watermark may already have asked for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exhausted_key_waits_for_its_next_allocation_instead_of_429() {
+    let d = demand(1_000).await;
+    let r = &d.rig;
+    // Grants of 20 tokens; 45 requests in a row at one instant of the agent's clock stay
+    // within what the allocator can grant, so each one is admitted, however the prefetches
+    // and the requests interleave.
+    for i in 0..45 {
+        assert_eq!(check(r, "busy", 1).await.code, Code::Ok, "request {i}");
+    }
+    assert!(d.fake.acquires.load(Ordering::Relaxed) >= 3);
+    assert_eq!(counter(r, |c| c.failure_denials.load(Ordering::Relaxed)), 0);
+}
+
+/// Concurrent requests of one cold key share one Acquire: 8 requests arrive while the first
+/// call is held by the allocator; one call answers them all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_requests_of_a_key_share_one_call() {
+    let d = demand(1_000).await;
+    let hold = d.fake.gate.write().await;
+    let gateway = d.rig.gateway.clone();
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let g = gateway.clone();
+        tasks.push(tokio::spawn(
+            async move { decide(&g, "shared", 1).await.code },
+        ));
+    }
+    let book = d.rig.gateway.enforcer().book().clone();
+    assert!(eventually(10, || book.counters.cold_waits.load(Ordering::Relaxed) == 8).await);
+    drop(hold);
+    for t in tasks {
+        assert_eq!(t.await.unwrap(), Code::Ok);
+    }
+    assert_eq!(d.fake.acquires.load(Ordering::Relaxed), 1, "one call for 8");
+}
+
+/// The allocator's denial is remembered until its retry time: a rejected flood is answered
+/// 429 at once with the allocator's Retry-After and sends it nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_denial_is_remembered_and_a_rejected_flood_sends_no_calls() {
+    // 5 tokens in all: one grant of 5, then the fake denies with a retry of 2 s.
+    let d = demand(5).await;
+    let r = &d.rig;
+    for _ in 0..5 {
+        assert_eq!(check(r, "flood", 1).await.code, Code::Ok);
+    }
+    // The sixth waits for the (low-watermark or own) Acquire and gets the denial.
+    let o = check(r, "flood", 1).await;
+    assert_eq!(o.code, Code::OverLimit);
+    let calls = d.fake.acquires.load(Ordering::Relaxed);
+    for _ in 0..200 {
+        let o = check(r, "flood", 1).await;
+        assert_eq!(o.code, Code::OverLimit);
+        assert!(!o.awaiting_lease);
+        assert_eq!(
+            o.retry_after,
+            allot_common::RetryAfter::After(2_000 * MS),
+            "the allocator's retry, on the agent's (stopped) clock"
+        );
+    }
+    assert_eq!(
+        d.fake.acquires.load(Ordering::Relaxed),
+        calls,
+        "no call while the denial stands"
+    );
+    assert!(counter(r, |c| c.denials_held.load(Ordering::Relaxed)) >= 200);
+    assert_eq!(counter(r, |c| c.failure_denials.load(Ordering::Relaxed)), 0);
+}
+
+/// Reachability is per key: one key's calls failing puts that key (only) in its failure mode;
+/// another key of the same policy keeps being served by the same allocator.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reachability_is_decided_per_key() {
+    let d = demand(1_000).await;
+    let r = &d.rig;
+    d.fake.failing.lock().unwrap().insert("broken".into());
+    let o = check(r, "broken", 1).await;
+    assert_eq!(
+        o.code,
+        Code::OverLimit,
+        "its call failed: failure mode deny"
+    );
+    assert_eq!(
+        o.retry_after,
+        allot_common::RetryAfter::After(500 * MS),
+        "the error backoff"
+    );
+    assert_eq!(counter(r, |c| c.failure_denials.load(Ordering::Relaxed)), 1);
+    // The other key is served, and the broken one stays in its failure mode meanwhile.
+    for _ in 0..5 {
+        assert_eq!(check(r, "fine", 1).await.code, Code::Ok);
+    }
+    assert_eq!(check(r, "broken", 1).await.code, Code::OverLimit);
+    assert_eq!(counter(r, |c| c.failure_denials.load(Ordering::Relaxed)), 2);
+    // Fixed, and the backoff over: it is served again.
+    d.fake.failing.lock().unwrap().clear();
+    r.clock.advance(500 * MS);
+    assert_eq!(check(r, "broken", 1).await.code, Code::Ok);
+}
