@@ -1,23 +1,41 @@
 //! The allocator's gRPC API (`allot.v1.Allocator`): translates requests into ledger commands,
-//! proposes them through Raft and answers after commit.
+//! commits them through Raft and answers after commit.
 //!
-//! A follower forwards writes and status reads to the leader once (marked with
-//! [`FORWARDED_HEADER`], so a call is never forwarded twice); when it cannot, it answers
-//! FAILED_PRECONDITION with a [`LeaderHint`](pb::LeaderHint) (leader id and address) in the
-//! status details, or UNAVAILABLE while no leader is known.
-//! Bad input gets INVALID_ARGUMENT / NOT_FOUND / FAILED_PRECONDITION / RESOURCE_EXHAUSTED with a
-//! reason and changes nothing.
+//! Writes go through the node's group commit ([`GroupCommit`], issue 9 item 3): commands of
+//! concurrent calls share one Raft entry. `Batch` carries many lease items of one agent in one
+//! call, answered item by item in order (a refused item gets an [`pb::ErrorDetail`]; the other
+//! items are unaffected). Under overload a call is refused at once, unapplied: a unary call with
+//! RESOURCE_EXHAUSTED and an ErrorDetail OVERLOADED in the status details, each Batch item with
+//! that ErrorDetail. The caller's `grpc-timeout` travels with its commands: those still queued
+//! when it passes are dropped unapplied (DEADLINE_EXCEEDED, the same way).
+//!
+//! A follower forwards writes, Batch and status reads to the leader once (marked with
+//! [`FORWARDED_HEADER`], so a call is never forwarded twice, and with the caller's remaining
+//! deadline); when it cannot, it answers FAILED_PRECONDITION with a
+//! [`LeaderHint`](pb::LeaderHint) (leader id and address) in the status details, or UNAVAILABLE
+//! while no leader is known.
+//! Bad input of a unary call gets INVALID_ARGUMENT / NOT_FOUND / FAILED_PRECONDITION /
+//! RESOURCE_EXHAUSTED with a reason (no details) and changes nothing.
+
+mod deadline;
+mod items;
+
+pub use deadline::{deadline_of, parse_grpc_timeout};
+pub use items::error_detail;
 
 use crate::ledger::{self, Command, Ledger, LedgerError, Response as LResp};
-use crate::raft::{ClientError, Clock, Node};
+use crate::raft::{ClientError, Clock, CommitError, GroupCommit, Node};
 use allot_proto::allot::v1 as pb;
 use allot_proto::allot::v1::allocator_client::AllocatorClient;
 use allot_proto::allot::v1::allocator_server::{Allocator, AllocatorServer};
+use items::{allocation_facts, detail, item_command, item_result};
 use parking_lot::Mutex;
 use prost::Message;
 use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::time::Instant;
 use tonic::transport::Channel;
 use tonic::{Code, Request, Response, Status};
 
@@ -27,20 +45,31 @@ pub const FORWARDED_HEADER: &str = "x-allot-forwarded";
 /// How long a forwarded call may take.
 const FORWARD_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Most items in one `Batch` call; a larger call is INVALID_ARGUMENT.
+pub const MAX_BATCH_ITEMS: usize = 4_096;
+
 /// The `allot.v1.Allocator` service of one node.
 pub struct AllocatorService {
     node: Arc<Node<Ledger>>,
     clock: Arc<dyn Clock>,
     channels: Mutex<HashMap<String, Channel>>,
+    /// `None`: every write is its own Raft entry (the unbatched path, kept for comparison).
+    commit: Option<GroupCommit<Ledger>>,
 }
 
 impl AllocatorService {
-    /// A service proposing through `node`; `clock` gives the time status reads are computed at.
-    pub fn new(node: Arc<Node<Ledger>>, clock: Arc<dyn Clock>) -> Self {
+    /// A service committing through `node`'s group commit `commit` (or, with `None`, one entry
+    /// per write); `clock` gives the time status reads are computed at.
+    pub fn new(
+        node: Arc<Node<Ledger>>,
+        clock: Arc<dyn Clock>,
+        commit: Option<GroupCommit<Ledger>>,
+    ) -> Self {
         AllocatorService {
             node,
             clock,
             channels: Mutex::new(HashMap::new()),
+            commit,
         }
     }
 
@@ -68,41 +97,145 @@ impl AllocatorService {
         Ok(AllocatorClient::new(ch))
     }
 
-    /// Proposes `cmd`; on a follower, runs `forward` against the leader instead.
+    /// Commits `cmds` in one entry (with other calls' commands when grouped) and returns their
+    /// responses in order.
+    async fn commit(
+        &self,
+        mut cmds: Vec<Command>,
+        deadline: Option<Instant>,
+    ) -> Result<Vec<LResp>, CommitError> {
+        if let Some(g) = &self.commit {
+            return g.submit(cmds, deadline).await;
+        }
+        if cmds.len() == 1 {
+            let cmd = cmds.pop().ok_or(CommitError::DeadlineExceeded)?;
+            return Ok(vec![self.node.propose(cmd).await?]);
+        }
+        match self.node.propose(Command::Batch(cmds)).await? {
+            LResp::Batch(all) => Ok(all),
+            other => Err(ClientError::Rejected(format!("a batch answered {other:?}")).into()),
+        }
+    }
+
+    /// On a follower: runs `forward` against the leader once, or answers where the leader is.
+    async fn forward<T, F, Fut>(
+        &self,
+        forwarded: bool,
+        leader_id: Option<u64>,
+        leader_addr: Option<String>,
+        forward: F,
+    ) -> Result<Response<T>, Status>
+    where
+        F: FnOnce(AllocatorClient<Channel>) -> Fut,
+        Fut: Future<Output = Result<Response<T>, Status>>,
+    {
+        let leader_addr = leader_addr.filter(|a| !a.is_empty());
+        // A call forwarded once is not forwarded again (no loops while leadership moves); its
+        // caller still learns where the leader is.
+        let Some(addr) = leader_addr.clone().filter(|_| !forwarded) else {
+            return Err(not_leader(leader_id, leader_addr));
+        };
+        match forward(self.client(&addr)?).await {
+            Err(s) if s.code() == Code::Unavailable => Err(not_leader(leader_id, Some(addr))),
+            other => other,
+        }
+    }
+
+    /// Commits `cmd`; on a follower, runs `forward` against the leader instead.
     async fn write<T, F, Fut>(
         &self,
         forwarded: bool,
+        deadline: Option<Instant>,
         cmd: Command,
         forward: F,
     ) -> Result<Result<LResp, Response<T>>, Status>
     where
         F: FnOnce(AllocatorClient<Channel>) -> Fut,
-        Fut: std::future::Future<Output = Result<Response<T>, Status>>,
+        Fut: Future<Output = Result<Response<T>, Status>>,
     {
-        match self.node.propose(cmd).await {
-            Ok(r) => Ok(Ok(r)),
-            Err(ClientError::NotLeader {
+        match self.commit(vec![cmd], deadline).await {
+            Ok(mut r) => r
+                .pop()
+                .map(Ok)
+                .ok_or_else(|| Status::internal("a committed write produced no response")),
+            Err(CommitError::Client(ClientError::NotLeader {
                 leader_id,
                 leader_addr,
-            }) => {
-                let leader_addr = leader_addr.filter(|a| !a.is_empty());
-                // A call forwarded once is not forwarded again (no loops while leadership
-                // moves); its caller still learns where the leader is.
-                let Some(addr) = leader_addr.clone().filter(|_| !forwarded) else {
-                    return Err(not_leader(leader_id, leader_addr));
-                };
-                let client = self.client(&addr)?;
-                match forward(client).await {
-                    Ok(r) => Ok(Err(r)),
-                    Err(s) if s.code() == Code::Unavailable => {
-                        Err(not_leader(leader_id, Some(addr)))
-                    }
-                    Err(s) => Err(s),
-                }
-            }
-            // Raft stopped under the write: it may or may not have committed.
-            Err(e) => Err(Status::unavailable(format!("write outcome unknown: {e}"))),
+            })) => self
+                .forward(forwarded, leader_id, leader_addr, forward)
+                .await
+                .map(Err),
+            Err(e) => Err(commit_status(e)),
         }
+    }
+
+    /// Answers one Batch call: its valid items committed together, each answered in order.
+    async fn batch_call(
+        &self,
+        forwarded: bool,
+        deadline: Option<Instant>,
+        body: pb::BatchRequest,
+    ) -> Result<Response<pb::BatchResponse>, Status> {
+        if body.items.len() > MAX_BATCH_ITEMS {
+            return Err(Status::invalid_argument(format!(
+                "a batch holds at most {MAX_BATCH_ITEMS} items, got {}",
+                body.items.len()
+            )));
+        }
+        let parsed: Vec<Result<Command, pb::ErrorDetail>> =
+            body.items.iter().cloned().map(item_command).collect();
+        let cmds: Vec<Command> = parsed.iter().filter_map(|p| p.clone().ok()).collect();
+        let responses = match self.commit(cmds, deadline).await {
+            Ok(r) => Ok(r),
+            Err(CommitError::Client(ClientError::NotLeader {
+                leader_id,
+                leader_addr,
+            })) => {
+                let fwd = |mut c: AllocatorClient<Channel>| async move {
+                    c.batch(forward_request(body, deadline)).await
+                };
+                return self.forward(forwarded, leader_id, leader_addr, fwd).await;
+            }
+            // Nothing was applied: every valid item carries the reason.
+            Err(e @ (CommitError::Overloaded { .. } | CommitError::DeadlineExceeded)) => {
+                Err(commit_detail(&e))
+            }
+            Err(e) => return Err(commit_status(e)),
+        };
+        let results = self.merge(parsed, responses);
+        Ok(Response::new(pb::BatchResponse { results }))
+    }
+}
+
+impl AllocatorService {
+    /// The results of a Batch call in its items' order: an item that had no command gets its
+    /// parse error; the others get their committed response, or the commit's refusal.
+    fn merge(
+        &self,
+        parsed: Vec<Result<Command, pb::ErrorDetail>>,
+        responses: Result<Vec<LResp>, pb::ErrorDetail>,
+    ) -> Vec<pb::BatchResult> {
+        use pb::batch_result::Outcome;
+        let error = |d: pb::ErrorDetail| pb::BatchResult {
+            outcome: Some(Outcome::Error(d)),
+        };
+        let mut responses = responses.map(Vec::into_iter);
+        parsed
+            .into_iter()
+            .map(|p| match (p, &mut responses) {
+                (Err(d), _) => error(d),
+                (Ok(_), Err(d)) => error(d.clone()),
+                (Ok(cmd), Ok(rs)) => match rs.next() {
+                    Some(r) => item_result(&cmd, r, |id| {
+                        self.node.state().read(|l| allocation_facts(l, id))
+                    }),
+                    None => error(detail(
+                        pb::ErrorReason::Unspecified,
+                        "the batch entry answered fewer items than it carried",
+                    )),
+                },
+            })
+            .collect()
     }
 }
 
@@ -125,6 +258,38 @@ fn not_leader(leader_id: Option<u64>, leader_addr: Option<String>) -> Status {
         ),
         hint.encode_to_vec().into(),
     )
+}
+
+/// The ErrorDetail of a call refused unapplied by the group commit.
+fn commit_detail(e: &CommitError) -> pb::ErrorDetail {
+    let reason = match e {
+        CommitError::Overloaded { .. } => pb::ErrorReason::Overloaded,
+        CommitError::DeadlineExceeded => pb::ErrorReason::DeadlineExceeded,
+        CommitError::Client(_) => pb::ErrorReason::Unspecified,
+    };
+    detail(reason, e.to_string())
+}
+
+/// The status of a failed commit (not-leader forwarding is the caller's).
+fn commit_status(e: CommitError) -> Status {
+    match e {
+        CommitError::Overloaded { .. } => Status::with_details(
+            Code::ResourceExhausted,
+            e.to_string(),
+            commit_detail(&e).encode_to_vec().into(),
+        ),
+        CommitError::DeadlineExceeded => Status::with_details(
+            Code::DeadlineExceeded,
+            e.to_string(),
+            commit_detail(&e).encode_to_vec().into(),
+        ),
+        CommitError::Client(ClientError::NotLeader {
+            leader_id,
+            leader_addr,
+        }) => not_leader(leader_id, leader_addr),
+        // Raft stopped under the write: it may or may not have committed.
+        CommitError::Client(e) => Status::unavailable(format!("write outcome unknown: {e}")),
+    }
 }
 
 fn ledger_status(e: LedgerError) -> Status {
@@ -155,6 +320,15 @@ fn mark<T>(mut r: Request<T>) -> Request<T> {
     r
 }
 
+/// `body` as a call forwarded to the leader, with what is left of the caller's deadline.
+fn forward_request<T>(body: T, deadline: Option<Instant>) -> Request<T> {
+    let mut r = mark(Request::new(body));
+    if let Some(d) = deadline {
+        r.set_timeout(d.saturating_duration_since(Instant::now()));
+    }
+    r
+}
+
 /// Proto policy key → ledger policy key.
 pub fn policy_key(k: Option<pb::PolicyKey>) -> Result<ledger::PolicyKey, Status> {
     let k = k.ok_or_else(|| Status::invalid_argument("key is required"))?;
@@ -181,70 +355,39 @@ impl Allocator for AllocatorService {
         &self,
         req: Request<pb::AcquireRequest>,
     ) -> Result<Response<pb::AcquireResponse>, Status> {
-        let fwd = forwarded(&req);
-        let body = req.get_ref().clone();
-        let cmd = Command::Acquire(ledger::Acquire {
-            key: policy_key(body.key.clone())?,
-            region: body.region.clone(),
-            holder: body.holder.clone(),
-            want: body.want,
-            request_id: body.request_id.clone(),
-        });
+        let (fwd, deadline) = (forwarded(&req), deadline_of(&req));
+        let body = req.into_inner();
+        let cmd = items::acquire_command(body.clone())
+            .ok_or_else(|| Status::invalid_argument("key is required"))?;
         let r = self
-            .write(fwd, cmd, |mut c| async move {
-                c.acquire(mark(Request::new(body))).await
+            .write(fwd, deadline, cmd, |mut c| async move {
+                c.acquire(forward_request(body, deadline)).await
             })
             .await?;
-        let r = match r {
-            Ok(r) => r,
-            Err(forwarded) => return Ok(forwarded),
-        };
-        let outcome = match r {
-            LResp::Granted(g) => pb::acquire_response::Outcome::Grant(pb::Grant {
-                allocation_id: g.allocation_id,
-                epoch: g.epoch,
-                granted: g.granted,
-                expires_at_unix_ms: g.expires_at_ms,
-                ttl_ms: g.expires_at_ms - g.issued_at_ms,
-                policy_version: g.policy_version,
-            }),
-            LResp::Denied(d) => pb::acquire_response::Outcome::Denial(pb::Denial {
-                retry_after_ms: d.retry_after_ms,
-                reason: d.reason,
-                policy_version: d.policy_version,
-            }),
-            other => return Err(unexpected(other)),
-        };
-        Ok(Response::new(pb::AcquireResponse {
-            outcome: Some(outcome),
-        }))
+        match r {
+            Ok(r) => items::acquire_response(r)
+                .map(Response::new)
+                .map_err(unexpected),
+            Err(forwarded) => Ok(forwarded),
+        }
     }
 
     async fn report(
         &self,
         req: Request<pb::ReportRequest>,
     ) -> Result<Response<pb::ReportResponse>, Status> {
-        let fwd = forwarded(&req);
-        let b = *req.get_ref();
-        let cmd = Command::Report {
-            allocation_id: b.allocation_id,
-            epoch: b.epoch,
-            cumulative_spend: b.cumulative_spend,
-        };
+        let (fwd, deadline) = (forwarded(&req), deadline_of(&req));
+        let b = req.into_inner();
+        let cmd = items::report_command(b);
         match self
-            .write(fwd, cmd, |mut c| async move {
-                c.report(mark(Request::new(b))).await
+            .write(fwd, deadline, cmd, |mut c| async move {
+                c.report(forward_request(b, deadline)).await
             })
             .await?
         {
-            Ok(LResp::Reported {
-                recorded,
-                expires_at_ms,
-            }) => Ok(Response::new(pb::ReportResponse {
-                recorded_spend: recorded,
-                expires_at_unix_ms: expires_at_ms,
-            })),
-            Ok(other) => Err(unexpected(other)),
+            Ok(r) => items::report_response(r)
+                .map(Response::new)
+                .map_err(unexpected),
             Err(f) => Ok(f),
         }
     }
@@ -253,37 +396,49 @@ impl Allocator for AllocatorService {
         &self,
         req: Request<pb::ReleaseRequest>,
     ) -> Result<Response<pb::ReleaseResponse>, Status> {
-        let fwd = forwarded(&req);
-        let b = *req.get_ref();
-        let cmd = Command::Release {
-            allocation_id: b.allocation_id,
-            epoch: b.epoch,
-            final_spend: b.final_spend,
-        };
+        let (fwd, deadline) = (forwarded(&req), deadline_of(&req));
+        let b = req.into_inner();
+        let cmd = items::release_command(b);
         match self
-            .write(fwd, cmd, |mut c| async move {
-                c.release(mark(Request::new(b))).await
+            .write(fwd, deadline, cmd, |mut c| async move {
+                c.release(forward_request(b, deadline)).await
             })
             .await?
         {
-            Ok(LResp::Released { returned }) => Ok(Response::new(pb::ReleaseResponse { returned })),
-            Ok(other) => Err(unexpected(other)),
+            Ok(r) => items::release_response(r)
+                .map(Response::new)
+                .map_err(unexpected),
             Err(f) => Ok(f),
         }
     }
 
     async fn decide(
         &self,
-        _req: Request<pb::DecideRequest>,
+        req: Request<pb::DecideRequest>,
     ) -> Result<Response<pb::DecideResponse>, Status> {
-        Err(Status::unimplemented("Decide: not yet served"))
+        let (fwd, deadline) = (forwarded(&req), deadline_of(&req));
+        let body = req.into_inner();
+        let cmd = items::decide_command(body.clone())
+            .ok_or_else(|| Status::invalid_argument("key is required"))?;
+        match self
+            .write(fwd, deadline, cmd, |mut c| async move {
+                c.decide(forward_request(body, deadline)).await
+            })
+            .await?
+        {
+            Ok(r) => items::decide_response(r)
+                .map(Response::new)
+                .map_err(unexpected),
+            Err(f) => Ok(f),
+        }
     }
 
     async fn batch(
         &self,
-        _req: Request<pb::BatchRequest>,
+        req: Request<pb::BatchRequest>,
     ) -> Result<Response<pb::BatchResponse>, Status> {
-        Err(Status::unimplemented("Batch: not yet served"))
+        let (fwd, deadline) = (forwarded(&req), deadline_of(&req));
+        self.batch_call(fwd, deadline, req.into_inner()).await
     }
 
     async fn status(
@@ -333,15 +488,15 @@ impl Allocator for AllocatorService {
         &self,
         req: Request<pb::PutPolicyRequest>,
     ) -> Result<Response<pb::PutPolicyResponse>, Status> {
-        let fwd = forwarded(&req);
+        let (fwd, deadline) = (forwarded(&req), deadline_of(&req));
         let body = req.get_ref().clone();
         let cmd = Command::PutPolicy {
             yaml: body.yaml.clone(),
             expected_version: body.expected_version,
         };
         match self
-            .write(fwd, cmd, |mut c| async move {
-                c.put_policy(mark(Request::new(body))).await
+            .write(fwd, deadline, cmd, |mut c| async move {
+                c.put_policy(forward_request(body, deadline)).await
             })
             .await?
         {
@@ -358,7 +513,7 @@ impl Allocator for AllocatorService {
         &self,
         req: Request<pb::SetSharesRequest>,
     ) -> Result<Response<pb::SetSharesResponse>, Status> {
-        let fwd = forwarded(&req);
+        let (fwd, deadline) = (forwarded(&req), deadline_of(&req));
         let body = req.get_ref().clone();
         let mut shares = Vec::with_capacity(body.shares.len());
         for s in &body.shares {
@@ -383,8 +538,8 @@ impl Allocator for AllocatorService {
             config_version: body.config_version,
         };
         match self
-            .write(fwd, cmd, |mut c| async move {
-                c.set_shares(mark(Request::new(body))).await
+            .write(fwd, deadline, cmd, |mut c| async move {
+                c.set_shares(forward_request(body, deadline)).await
             })
             .await?
         {

@@ -8,6 +8,8 @@
 //! - `redirect`: follower forwarding and leader hints; bad input gets precise codes and changes
 //!   nothing.
 //! - `daemon`: a complete node as the binary runs it: init, policy files, the leader's tick.
+//! - `batch`: Batch and Decide with group commit: per-item answers, forwarding, a leader change
+//!   under batched load, overload and deadlines.
 
 #[path = "cluster/support.rs"]
 mod support;
@@ -29,3 +31,6 @@ mod redirect;
 
 #[path = "cluster/daemon.rs"]
 mod daemon;
+
+#[path = "cluster/batch.rs"]
+mod batch;

@@ -14,7 +14,9 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
 use crate::ledger::Ledger;
-use crate::raft::{Clock, LazyTcpChannels, Node, NodeConfig, NodeError, NodeId};
+use crate::raft::{
+    Clock, GroupCommit, GroupCommitConfig, LazyTcpChannels, Node, NodeConfig, NodeError, NodeId,
+};
 use crate::service::AllocatorService;
 pub use policy_files::{load_policy_files, PolicyFile, PolicyFilesError};
 
@@ -48,6 +50,7 @@ pub enum DaemonError {
 /// A running allocator node. Stop it with [`Daemon::shutdown`].
 pub struct Daemon {
     node: Arc<Node<Ledger>>,
+    commit: Option<GroupCommit<Ledger>>,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -63,6 +66,20 @@ impl Daemon {
         config: DaemonConfig,
         clock: Arc<dyn Clock>,
         listener: TcpListener,
+    ) -> Result<Self, DaemonError> {
+        Self::start_with(config, clock, listener, Some(GroupCommitConfig::default())).await
+    }
+
+    /// [`Daemon::start`] with explicit group commit settings for the API's writes: `None`
+    /// proposes every write as its own Raft entry (the unbatched path, for comparison).
+    ///
+    /// # Errors
+    /// As [`Daemon::start`].
+    pub async fn start_with(
+        config: DaemonConfig,
+        clock: Arc<dyn Clock>,
+        listener: TcpListener,
+        group_commit: Option<GroupCommitConfig>,
     ) -> Result<Self, DaemonError> {
         if config.tick_every.is_zero() {
             return Err(DaemonError::Config("the tick period must be > 0".into()));
@@ -80,7 +97,8 @@ impl Daemon {
         )
         .await?;
         let node = Arc::new(node);
-        let api = AllocatorService::new(node.clone(), clock);
+        let commit = group_commit.map(|c| node.group_commit(c));
+        let api = AllocatorService::new(node.clone(), clock, commit.clone());
         let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
         // A node opened just above cannot be serving already; the check is the node's own.
         if let Err(e) = node.serve(incoming, api.into_routes()) {
@@ -116,12 +134,21 @@ impl Daemon {
             ticker::spawn_ticker(node.clone(), config.tick_every),
             policy_files::spawn_installer(node.clone(), config.policies),
         ];
-        Ok(Self { node, tasks })
+        Ok(Self {
+            node,
+            commit,
+            tasks,
+        })
     }
 
     /// The Raft node (metrics, local state, proposals).
     pub fn node(&self) -> &Arc<Node<Ledger>> {
         &self.node
+    }
+
+    /// The group commit of the API's writes (`None` when every write is its own entry).
+    pub fn group_commit(&self) -> Option<&GroupCommit<Ledger>> {
+        self.commit.as_ref()
     }
 
     /// Stops the background tasks, Raft and the server, then flushes the database.

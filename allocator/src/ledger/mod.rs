@@ -30,7 +30,7 @@ pub use types::{
     RegionStatus, Response, Share, ShareSpec,
 };
 
-use crate::raft::{App, AppError};
+use crate::raft::{App, AppError, Batching};
 use allot_common::algorithm::{LimitParams, LimitState};
 use allot_common::config::DomainConfig;
 use allot_common::units::{millis_to_nanos, Micros};
@@ -425,6 +425,19 @@ impl App for Ledger {
             l.parsed.insert(domain.clone(), d);
         }
         Ok(l)
+    }
+}
+
+impl Batching for Ledger {
+    fn batch(cmds: Vec<Command>) -> Command {
+        Command::Batch(cmds)
+    }
+
+    fn unbatch(r: Response) -> Option<Vec<Response>> {
+        match r {
+            Response::Batch(all) => Some(all),
+            _ => None,
+        }
     }
 }
 

@@ -8,12 +8,14 @@
 //! - [`state_machine`]: the state machine and its snapshots in sled ([`SledStateMachine`]).
 //! - [`network_out`] / [`network_in`]: the gRPC transport, client and server halves.
 //! - [`node`]: one allocator node tying the above together ([`Node`]).
+//! - [`group_commit`]: the leader's group commit, many commands per entry ([`GroupCommit`]).
 //! - [`clock`]: the injected wall clock used to stamp proposals.
 //! - [`test_app`]: a tiny [`App`] used to exercise this layer without the ledger.
 
 pub mod app;
 pub mod clock;
 mod codec;
+pub mod group_commit;
 pub mod log_store;
 pub mod network_in;
 pub mod network_out;
@@ -24,6 +26,7 @@ pub mod types;
 
 pub use app::{App, AppError};
 pub use clock::{Clock, ManualClock, SystemClock};
+pub use group_commit::{Batching, CommitError, FlushHold, GroupCommit, GroupCommitConfig};
 pub use log_store::SledLogStore;
 pub use network_in::RaftServiceHandler;
 pub use network_out::{ChannelFactory, GrpcNetworkFactory, LazyTcpChannels};

@@ -22,6 +22,7 @@ use tonic::transport::server::Connected;
 
 use super::app::App;
 use super::clock::Clock;
+use super::group_commit::{Batching, GroupCommit, GroupCommitConfig};
 use super::log_store::SledLogStore;
 use super::network_in::RaftServiceHandler;
 use super::network_out::{ChannelFactory, GrpcNetworkFactory, LazyTcpChannels};
@@ -380,6 +381,18 @@ impl<A: App> Node<A> {
         })
     }
 
+    /// Starts group commit for this node (issue 9 item 3): commands submitted to the returned
+    /// queue from any number of concurrent callers are proposed together, one batch command per
+    /// entry, stamped with this node's clock. See [`GroupCommit`] for the flushing, overload
+    /// and deadline rules. Proposals through [`Node::propose`] stay unbatched. Must be called
+    /// inside a tokio runtime; the flusher stops when the last clone of the queue is dropped.
+    pub fn group_commit(&self, config: GroupCommitConfig) -> GroupCommit<A>
+    where
+        A: Batching,
+    {
+        GroupCommit::start(self.raft.clone(), self.clock.clone(), config)
+    }
+
     /// Adds node `id` reachable at `addr` ("host:port") as a learner (a non-voting member that
     /// replicates the log). With `wait_caught_up`, returns only once the learner has caught up
     /// with the leader's log. Returns the log index of the membership entry.
@@ -505,7 +518,10 @@ fn not_leader(forward: ForwardToLeader<NodeId, BasicNode>) -> ClientError {
     }
 }
 
-fn write_error(e: RaftError<NodeId, ClientWriteError<NodeId, BasicNode>>) -> ClientError {
+/// Classifies a failed client write.
+pub(super) fn write_error(
+    e: RaftError<NodeId, ClientWriteError<NodeId, BasicNode>>,
+) -> ClientError {
     match e {
         RaftError::APIError(ClientWriteError::ForwardToLeader(forward)) => not_leader(forward),
         RaftError::APIError(ClientWriteError::ChangeMembershipError(e)) => {

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use allot_allocator::daemon::{Daemon, DaemonConfig};
 use allot_allocator::ledger::Ledger;
-use allot_allocator::raft::{NodeConfig, RaftTimings, SystemClock};
+use allot_allocator::raft::{GroupCommitConfig, NodeConfig, RaftTimings, SystemClock};
 use allot_proto::allot::v1 as pb;
 use allot_proto::allot::v1::allocator_client::AllocatorClient;
 use prost::Message;
@@ -127,12 +127,19 @@ pub struct LedgerCluster {
     pub addrs: BTreeMap<u64, String>,
     /// Running nodes.
     pub daemons: BTreeMap<u64, Daemon>,
+    /// Group commit settings of every node.
+    commit: GroupCommitConfig,
 }
 
 impl LedgerCluster {
     /// Starts nodes `ids` on ephemeral loopback ports and initialises them as one cluster
     /// through the gRPC API of the first.
     pub async fn start(ids: &[u64]) -> Self {
+        Self::start_with(ids, GroupCommitConfig::default()).await
+    }
+
+    /// [`LedgerCluster::start`] with these group commit settings on every node.
+    pub async fn start_with(ids: &[u64], commit: GroupCommitConfig) -> Self {
         let mut listeners = BTreeMap::new();
         let mut addrs = BTreeMap::new();
         for &id in ids {
@@ -144,6 +151,7 @@ impl LedgerCluster {
             root: tempfile::tempdir().expect("tempdir"),
             addrs,
             daemons: BTreeMap::new(),
+            commit,
         };
         for (id, l) in listeners {
             c.spawn(id, l).await;
@@ -181,7 +189,8 @@ impl LedgerCluster {
             tick_every: Duration::from_millis(100),
             policies: Vec::new(),
         };
-        let d = Daemon::start(config, Arc::new(SystemClock), listener)
+        let commit = Some(self.commit.clone());
+        let d = Daemon::start_with(config, Arc::new(SystemClock), listener, commit)
             .await
             .expect("start node");
         self.daemons.insert(id, d);
