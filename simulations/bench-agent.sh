@@ -28,13 +28,19 @@ descriptors:
       burst: 100000
       lease: {ttl_ms: 5000, max_grant: 50000}
 YAML
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-ap=$(port); gp=$(port); hp=$(port); np=$(port)
-"$bin/allot-allocator" --node-id 1 --listen 127.0.0.1:$ap --peer 1=127.0.0.1:$ap --init \
+# Every server binds port 0 and writes "NAME HOST:PORT" lines to its ready file once listening.
+addr() { # addr FILE NAME: waits for FILE, prints NAME's port
+  for _ in $(seq 300); do [ -s "$1" ] && break; sleep 0.1; done
+  awk -v n="$2" '$1 == n { sub(/.*:/, "", $2); print $2 }' "$1"
+}
+"$bin/allot-allocator" --node-id 1 --listen 127.0.0.1:0 --ready-file "$tmp/alloc.ready" --init \
   --data-dir "$tmp/alloc" --policies "$tmp/policies" 2>"$tmp/alloc.log" &
+ap=$(addr "$tmp/alloc.ready" grpc)
 "$bin/allot-agent" --agent-id bench-1 --region eu --allocator 127.0.0.1:$ap \
-  --grpc-listen 127.0.0.1:$gp --http-listen 127.0.0.1:$hp --policies "$tmp/policies" 2>"$tmp/agent.log" &
-"$bin/allot-bench" --threads 2 noop --listen 127.0.0.1:$np 2>"$tmp/noop.log" &
+  --grpc-listen 127.0.0.1:0 --http-listen 127.0.0.1:0 --ready-file "$tmp/agent.ready" \
+  --policies "$tmp/policies" 2>"$tmp/agent.log" &
+"$bin/allot-bench" --threads 2 noop --listen 127.0.0.1:0 --ready-file "$tmp/noop.ready" 2>"$tmp/noop.log" &
+gp=$(addr "$tmp/agent.ready" grpc); hp=$(addr "$tmp/agent.ready" http); np=$(addr "$tmp/noop.ready" grpc)
 for _ in $(seq 100); do curl -sf "http://127.0.0.1:$hp/healthz" >/dev/null && break; sleep 0.1; done
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs); load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo

@@ -13,6 +13,7 @@ Prints one line per check and `N passed, M failed` last; exits non-zero on any f
 Environment: ALLOT_BIN_DIR (default target/debug), ENVOY (default `envoy` on PATH).
 """
 import http.server
+import json
 import os
 import shutil
 import signal
@@ -51,12 +52,41 @@ def check(name, ok, detail=""):
     print(("ok   " if ok else "FAIL ") + name + (f"  ({detail})" if detail else ""), flush=True)
 
 
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
+def read_ready(path, proc, timeout=30.0):
+    """The {name: port} a child wrote to its --ready-file once it listened; {} if it did not."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            with open(path) as f:
+                lines = [line.split() for line in f.read().splitlines() if line.strip()]
+            return {name: int(addr.rsplit(":", 1)[1]) for name, addr in lines}
+        except FileNotFoundError:
+            pass
+        if proc.poll() is not None:
+            return {}
+        time.sleep(0.02)
+    return {}
+
+
+def envoy_listener_port(admin_path, proc, timeout=30.0):
+    """The ingress listener's port, read from the admin API whose address Envoy wrote to
+    admin_path (--admin-address-path); None if Envoy did not come up."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            admin = open(admin_path).read().strip()
+            with urllib.request.urlopen(f"http://{admin}/listeners?format=json", timeout=1) as r:
+                listeners = json.load(r)["listener_statuses"]
+            for ln in listeners:
+                port = ln["local_address"]["socket_address"].get("port_value", 0)
+                if ln["name"] == "ingress" and port:
+                    return port
+        except (OSError, ValueError, KeyError):
+            pass
+        if proc.poll() is not None:
+            return None
+        time.sleep(0.05)
+    return None
 
 
 def wait_port(port, timeout=30.0):
@@ -123,34 +153,38 @@ def main():
         os.makedirs(policy_dir)
         open(os.path.join(policy_dir, "edge.yaml"), "w").write(POLICY)
 
-        upstream_port = free_port()
-        srv = http.server.ThreadingHTTPServer(("127.0.0.1", upstream_port), Upstream)
+        # Every server binds port 0 and reports the port it got; nothing picks a port for it.
+        srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Upstream)
+        upstream_port = srv.server_address[1]
         threading.Thread(target=srv.serve_forever, daemon=True).start()
 
-        alloc_port = free_port()
-        spawn("allocator", [
+        ready = os.path.join(tmp, "allocator.ready")
+        alloc = spawn("allocator", [
             os.path.join(BIN, "allot-allocator"), "--node-id", "1",
-            "--listen", f"127.0.0.1:{alloc_port}", "--data-dir", os.path.join(tmp, "alloc"),
-            "--peer", f"1=127.0.0.1:{alloc_port}", "--init", "--policies", policy_dir,
+            "--listen", "127.0.0.1:0", "--ready-file", ready,
+            "--data-dir", os.path.join(tmp, "alloc"), "--init", "--policies", policy_dir,
         ])
-        check("allocator listens", wait_port(alloc_port))
+        alloc_port = read_ready(ready, alloc).get("grpc")
+        check("allocator listens", alloc_port is not None and wait_port(alloc_port))
 
-        rls_port, http_port = free_port(), free_port()
+        ready = os.path.join(tmp, "agent.ready")
         agent = spawn("agent", [
             os.path.join(BIN, "allot-agent"), "--agent-id", "gw-1", "--region", "eu-west",
             "--allocator", f"127.0.0.1:{alloc_port}", "--policies", policy_dir,
-            "--grpc-listen", f"127.0.0.1:{rls_port}", "--http-listen", f"127.0.0.1:{http_port}",
+            "--grpc-listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0", "--ready-file", ready,
         ])
-        check("agent listens", wait_port(rls_port))
+        rls_port = read_ready(ready, agent).get("grpc")
+        check("agent listens", rls_port is not None and wait_port(rls_port))
 
         ports = {}
         for name, deny in (("deny", True), ("allow", False)):
-            listen, admin = free_port(), free_port()
-            cfg = envoy_config(tmp, f"envoy-{name}", listen, admin, rls_port, upstream_port, deny)
-            spawn(f"envoy-{name}", [ENVOY, "-c", cfg, "--base-id", str(admin),
-                                     "--log-level", "warn", "--concurrency", "1"])
-            ports[name] = listen
-            check(f"envoy ({name} on failure) listens", wait_port(listen))
+            cfg = envoy_config(tmp, f"envoy-{name}", 0, 0, rls_port, upstream_port, deny)
+            admin_path = os.path.join(tmp, f"envoy-{name}.admin")
+            proc = spawn(f"envoy-{name}", [ENVOY, "-c", cfg, "--admin-address-path", admin_path,
+                                           "--use-dynamic-base-id", "--log-level", "warn",
+                                           "--concurrency", "1"])
+            ports[name] = envoy_listener_port(admin_path, proc)
+            check(f"envoy ({name} on failure) listens", ports[name] is not None)
 
         # The policy is installed once the allocator leads: wait for the first 200.
         t0 = time.time()

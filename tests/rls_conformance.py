@@ -17,7 +17,6 @@ import http.client
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -81,10 +80,21 @@ OVER_LIMIT = rls_pb2.RateLimitResponse.OVER_LIMIT
 MINUTE = rls_pb2.RateLimitResponse.RateLimit.MINUTE
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def read_ready(path, proc, logs, timeout=30.0):
+    """The {name: (host, port)} a child wrote to its --ready-file once it listened."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            with open(path) as f:
+                lines = [line.split() for line in f.read().splitlines() if line.strip()]
+            return {name: (addr.rsplit(":", 1)[0], int(addr.rsplit(":", 1)[1]))
+                    for name, addr in lines}
+        except FileNotFoundError:
+            pass
+        if proc.poll() is not None:
+            raise RuntimeError(f"exited early:\n{logs()}")
+        time.sleep(0.02)
+    raise RuntimeError(f"no ready file within {timeout} s:\n{logs()}")
 
 
 class Agent:
@@ -95,13 +105,16 @@ class Agent:
         policy = os.path.join(self.dir, "policy.yaml")
         with open(policy, "w") as f:
             f.write(POLICY)
-        self.grpc_port, self.http_port = free_port(), free_port()
+        ready = os.path.join(self.dir, "ready")
         self.log = open(os.path.join(self.dir, "agent.log"), "w+")
+        # Port 0: the agent binds ports the system picks and reports them in the ready file.
         self.proc = subprocess.Popen(
             [AGENT, "--policies", policy, "--agent-id", "conformance", "--region", "test",
-             "--grpc-listen", f"127.0.0.1:{self.grpc_port}",
-             "--http-listen", f"127.0.0.1:{self.http_port}"],
+             "--grpc-listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0",
+             "--ready-file", ready],
             stdout=self.log, stderr=subprocess.STDOUT)
+        addrs = read_ready(ready, self.proc, self.logs)
+        self.grpc_port, self.http_port = addrs["grpc"][1], addrs["http"][1]
         deadline = time.time() + 30
         while time.time() < deadline:
             if self.proc.poll() is not None:

@@ -30,12 +30,18 @@ struct Cli {
     /// Allocator node `host:port`; repeat for each node.
     #[arg(long = "allocator")]
     allocators: Vec<String>,
-    /// gRPC listen address for RLS and the native API (default 127.0.0.1:8081).
+    /// gRPC listen address for RLS and the native API (default 127.0.0.1:8081); port 0 lets
+    /// the system pick a free port (see --ready-file).
     #[arg(long)]
     grpc_listen: Option<String>,
-    /// HTTP listen address (default 127.0.0.1:8080).
+    /// HTTP listen address (default 127.0.0.1:8080); port 0 lets the system pick one.
     #[arg(long)]
     http_listen: Option<String>,
+    /// Once both servers listen, write the addresses they bound ("grpc HOST:PORT" and
+    /// "http HOST:PORT", one a line) to this file, atomically, so a launcher that started the
+    /// agent on port 0 learns where it is.
+    #[arg(long)]
+    ready_file: Option<PathBuf>,
     /// Policy YAML file or folder.
     #[arg(long)]
     policies: Option<PathBuf>,
@@ -106,11 +112,12 @@ async fn run(cli: Cli) -> Result<()> {
     let http = TcpListener::bind(&http_addr)
         .await
         .with_context(|| format!("cannot listen on {http_addr} (HTTP)"))?;
+    let (grpc_bound, http_bound) = (grpc.local_addr()?, http.local_addr()?);
     tracing::info!(
         agent_id,
         region,
-        grpc = %grpc.local_addr()?,
-        http = %http.local_addr()?,
+        grpc = %grpc_bound,
+        http = %http_bound,
         allocators = ?allocators,
         policies = %policy_path.display(),
         "allot-agent listening"
@@ -120,6 +127,11 @@ async fn run(cli: Cli) -> Result<()> {
     let background = agent.spawn_background(shutdown.clone());
     let grpc_task = tokio::spawn(serve_grpc(grpc, agent.gateway.clone(), shutdown.clone()));
     let http_task = tokio::spawn(serve_http(http, agent.gateway.clone(), shutdown.clone()));
+    if let Some(path) = &cli.ready_file {
+        // Both listeners are bound (connections queue until the servers accept them).
+        write_ready_file(path, &format!("grpc {grpc_bound}\nhttp {http_bound}\n"))
+            .with_context(|| format!("cannot write the ready file {}", path.display()))?;
+    }
 
     wait_for_signal().await?;
     tracing::info!("shutting down: releasing allocations");
@@ -144,6 +156,15 @@ async fn run(cli: Cli) -> Result<()> {
     }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Writes `text` to `path` through a temporary file and a rename: a reader polling for the file
+/// sees all of it or nothing.
+fn write_ready_file(path: &std::path::Path, text: &str) -> std::io::Result<()> {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    std::fs::write(&tmp, text)?;
+    std::fs::rename(&tmp, path)
 }
 
 /// Resolves on SIGINT or SIGTERM.

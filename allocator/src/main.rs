@@ -6,6 +6,7 @@
 //! node gracefully: Raft stops, the server drains, and sled is flushed.
 
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -31,12 +32,18 @@ struct Cli {
     /// This node's Raft id (unique, stable across restarts).
     #[arg(long)]
     node_id: Option<u64>,
-    /// Address to bind, "host:port" [default: 127.0.0.1:7701].
+    /// Address to bind, "host:port" [default: 127.0.0.1:7701]. Port 0 lets the system pick a
+    /// free port: the node then advertises the address it bound (see --ready-file).
     #[arg(long)]
     listen: Option<String>,
-    /// Address peers and clients use, "host:port" [default: the listen address].
+    /// Address peers and clients use, "host:port" [default: the listen address; the bound
+    /// address when listening on port 0].
     #[arg(long)]
     advertise: Option<String>,
+    /// Once the node serves, write "grpc HOST:PORT" (its advertised address) to this file,
+    /// atomically, so a launcher that started it on port 0 learns where it is.
+    #[arg(long)]
+    ready_file: Option<PathBuf>,
     /// Directory of the node's sled database [default: ./data/node-<id>].
     #[arg(long)]
     data_dir: Option<PathBuf>,
@@ -85,24 +92,48 @@ fn parse_peer(s: &str) -> Result<(u64, String), String> {
     Ok((id, addr.to_string()))
 }
 
-/// File settings overridden by flags, with defaults filled in.
-fn resolve(cli: Cli) -> Result<(DaemonConfig, String)> {
-    let file = match &cli.config {
+/// The configuration file named by `--config`, or none.
+fn load_file(cli: &Cli) -> Result<FileConfig> {
+    Ok(match &cli.config {
         Some(path) => FileConfig::load(path)?,
         None => FileConfig::default(),
-    };
+    })
+}
+
+/// The address to bind: the flag, else the file, else the default.
+fn listen_addr(cli: &Cli, file: &FileConfig) -> String {
+    cli.listen
+        .clone()
+        .or(file.listen.clone())
+        .unwrap_or_else(|| "127.0.0.1:7701".into())
+}
+
+/// The address peers and clients dial: the flag, else the file, else the listen address as
+/// written, except that a port-0 listen address advertises the port the system picked.
+fn advertise_addr(cli: &Cli, file: &FileConfig, listen: &str, bound: SocketAddr) -> String {
+    let picked = matches!(listen.parse::<SocketAddr>(), Ok(sa) if sa.port() == 0);
+    cli.advertise
+        .clone()
+        .or(file.advertise.clone())
+        .unwrap_or_else(|| {
+            if picked {
+                bound.to_string()
+            } else {
+                listen.to_string()
+            }
+        })
+}
+
+/// File settings overridden by flags, with defaults filled in; `advertise` is where this node
+/// is reached (see [`advertise_addr`]).
+fn resolve(cli: Cli, file: FileConfig, advertise: String) -> Result<DaemonConfig> {
     let id = cli
         .node_id
         .or(file.node_id)
         .context("a node id is required (--node-id or node_id in the config file)")?;
-    let listen = cli
-        .listen
-        .or(file.listen)
-        .unwrap_or_else(|| "127.0.0.1:7701".into());
-    let advertise = cli.advertise.or(file.advertise).unwrap_or(listen.clone());
     // Peers and clients dial the advertised address (leader hints carry it): a wildcard bind
     // address cannot be dialled.
-    if let Ok(sa) = advertise.parse::<std::net::SocketAddr>() {
+    if let Ok(sa) = advertise.parse::<SocketAddr>() {
         if sa.ip().is_unspecified() {
             bail!("advertise address {advertise} is a wildcard; set --advertise to a reachable host:port");
         }
@@ -168,7 +199,16 @@ fn resolve(cli: Cli) -> Result<(DaemonConfig, String)> {
         tick_every: Duration::from_millis(cli.tick_ms.or(file.tick_ms).unwrap_or(250)),
         policies,
     };
-    Ok((config, listen))
+    Ok(config)
+}
+
+/// Writes `text` to `path` through a temporary file and a rename, so a reader polling for the
+/// file never sees it half written.
+fn write_ready_file(path: &std::path::Path, text: &str) -> std::io::Result<()> {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    std::fs::write(&tmp, text)?;
+    std::fs::rename(&tmp, path)
 }
 
 /// Resolves on the first SIGINT or SIGTERM.
@@ -203,19 +243,32 @@ async fn run() -> Result<()> {
                 .unwrap_or_else(|_| EnvFilter::new("info,openraft=warn")),
         )
         .init();
-    let (config, listen) = resolve(Cli::parse())?;
+    let cli = Cli::parse();
+    let file = load_file(&cli)?;
+    let listen = listen_addr(&cli, &file);
     let listener = tokio::net::TcpListener::bind(&listen)
         .await
         .with_context(|| format!("cannot listen on {listen}"))?;
+    let bound = listener.local_addr().context("no local address")?;
+    let advertise = advertise_addr(&cli, &file, &listen, bound);
+    let ready_file = cli.ready_file.clone();
+    let config = resolve(cli, file, advertise)?;
     tracing::info!(
         node = config.node.id,
         %listen,
+        %bound,
         advertise = %config.node.advertise_addr,
         data_dir = %config.node.data_dir.display(),
         policies = config.policies.len(),
         "starting"
     );
+    let advertise = config.node.advertise_addr.clone();
     let daemon = Daemon::start(config, Arc::new(SystemClock), listener).await?;
+    if let Some(path) = &ready_file {
+        // Written only now: the server accepts connections and the address is final.
+        write_ready_file(path, &format!("grpc {advertise}\n"))
+            .with_context(|| format!("cannot write the ready file {}", path.display()))?;
+    }
     stop_signal().await?;
     tracing::info!("stopping");
     daemon.shutdown().await?;

@@ -1,11 +1,17 @@
 //! A local deployment on real processes: a 3-node allocator cluster and gateway agents on
 //! loopback ports, with data under one folder. Used by `allot-local` and the end-to-end tests.
+//!
+//! No port is chosen here: every child binds port 0 itself and reports the address it got in a
+//! ready file (`--ready-file`, lines of "NAME HOST:PORT", written after the bind), so no other
+//! process can take a port between its choice and its use (issue 10, item 17). The allocators'
+//! addresses are known before the cluster exists: each node starts alone, then node 1 is asked
+//! to initialise the cluster of the three addresses read back.
 
 use allot_proto::allot::v1 as pb;
 use allot_proto::allot::v1::allocator_client::AllocatorClient;
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
-use std::net::TcpListener;
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -96,9 +102,102 @@ pub struct Plan {
     pub gateway_regions: Vec<String>,
 }
 
-/// A free loopback port (bound then released; the process binds it right after).
-pub fn free_port() -> Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+/// Where a child binds: loopback, a port the system picks.
+const ANY_PORT: &str = "127.0.0.1:0";
+
+/// The address of the `ingress` listener of the Envoy whose admin address is in `admin_file`
+/// (written by `--admin-address-path` once the admin server listens), read from its admin API;
+/// `None` until both are up.
+async fn envoy_listener(http: &reqwest::Client, admin_file: &Path) -> Option<String> {
+    let admin = std::fs::read_to_string(admin_file).ok()?;
+    let v: serde_json::Value = http
+        .get(format!("http://{}/listeners?format=json", admin.trim()))
+        .send()
+        .await
+        .ok()?
+        .json()
+        .await
+        .ok()?;
+    let sa = v["listener_statuses"]
+        .as_array()?
+        .iter()
+        .find(|l| l["name"] == "ingress")?["local_address"]["socket_address"]
+        .clone();
+    Some(format!(
+        "{}:{}",
+        sa["address"].as_str()?,
+        sa["port_value"].as_u64().filter(|p| *p != 0)?
+    ))
+}
+
+/// The addresses a child reported in its ready file: "NAME HOST:PORT" lines (e.g. `grpc`,
+/// `http`), blank lines ignored.
+///
+/// # Errors
+/// A line that is not a name and an address, or a name given twice.
+pub fn parse_ready(text: &str) -> Result<BTreeMap<String, String>> {
+    let mut out = BTreeMap::new();
+    for line in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        let Some((name, addr)) = line.split_once(' ') else {
+            bail!("ready file line {line:?} is not \"NAME HOST:PORT\"");
+        };
+        let addr = addr.trim();
+        if addr.parse::<std::net::SocketAddr>().is_err() {
+            bail!("ready file line {line:?}: {addr:?} is not an IP address and port");
+        }
+        if out.insert(name.to_string(), addr.to_string()).is_some() {
+            bail!("ready file names {name:?} twice");
+        }
+    }
+    Ok(out)
+}
+
+/// Waits until the child `who` has written its ready file `path`, and returns the addresses
+/// it reported under `names`, in that order.
+///
+/// # Errors
+/// The child exits first, the file is malformed or lacks a name, or nothing within `within`;
+/// the message names the child and its log folder.
+async fn await_ready(
+    child: &mut Child,
+    path: &Path,
+    names: &[&str],
+    who: &str,
+    logs: &Path,
+    within: Duration,
+) -> Result<Vec<String>> {
+    let t0 = Instant::now();
+    loop {
+        match std::fs::read_to_string(path) {
+            Ok(text) => {
+                let addrs =
+                    parse_ready(&text).with_context(|| format!("{who}: {}", path.display()))?;
+                return names
+                    .iter()
+                    .map(|n| {
+                        addrs.get(*n).cloned().with_context(|| {
+                            format!("{who} reported no {n} address in {}", path.display())
+                        })
+                    })
+                    .collect();
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+        }
+        if let Some(status) = child.try_wait()? {
+            bail!(
+                "{who} exited ({status}) before listening; see {}",
+                logs.display()
+            );
+        }
+        if t0.elapsed() > within {
+            bail!(
+                "{who} not listening within {within:?}; see {}",
+                logs.display()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 fn log_file(dir: &Path, name: &str) -> Result<std::fs::File> {
@@ -128,19 +227,17 @@ async fn wait_exit(child: &mut Child, within: Duration) -> Result<std::process::
 }
 
 impl AllocatorProc {
-    fn spawn(
-        &mut self,
-        bin: &Path,
-        peers: &[(u64, String)],
-        policies: &Path,
-        init: bool,
-        logs: &Path,
-    ) -> Result<()> {
+    /// Starts the node on `listen` (port 0 on first start; its own address on a restart, the
+    /// one the cluster's membership records) with no peers: the cluster is initialised over
+    /// the API once every node's address is known ([`Deployment::start`]).
+    fn spawn(&mut self, bin: &Path, listen: &str, policies: &Path, logs: &Path) -> Result<()> {
         let mut cmd = Command::new(bin.join("allot-allocator"));
         cmd.arg("--node-id")
             .arg(self.id.to_string())
             .arg("--listen")
-            .arg(&self.addr)
+            .arg(listen)
+            .arg("--ready-file")
+            .arg(self.ready_file())
             .arg("--data-dir")
             .arg(&self.data_dir)
             .arg("--policies")
@@ -153,19 +250,34 @@ impl AllocatorProc {
                 "--election-timeout-max-ms",
                 "800",
             ]);
-        for (id, addr) in peers {
-            cmd.arg("--peer").arg(format!("{id}={addr}"));
-        }
-        if init {
-            cmd.arg("--init");
-        }
         let log = log_file(logs, &format!("allocator-{}", self.id))?;
         cmd.stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)
             .kill_on_drop(true);
+        // A stale file from an earlier run of this node must not be taken for its answer.
+        remove_if_present(&self.ready_file())?;
         self.child = Some(cmd.spawn().context("cannot start allot-allocator")?);
         Ok(())
+    }
+
+    /// Where the node reports its address.
+    fn ready_file(&self) -> PathBuf {
+        self.data_dir.with_extension("ready")
+    }
+
+    /// Waits for the node's ready file and returns the address it serves on.
+    async fn await_addr(&mut self, logs: &Path) -> Result<String> {
+        let path = self.ready_file();
+        let who = format!("allocator node {}", self.id);
+        let child = self.child.as_mut().context("allocator not started")?;
+        let mut a = await_ready(child, &path, &["grpc"], &who, logs, READY_WITHIN).await?;
+        Ok(a.remove(0))
+    }
+
+    /// The process id, while it runs (for its resident memory).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().and_then(Child::id)
     }
 
     /// Kills the node abruptly (SIGKILL): a crash.
@@ -183,12 +295,14 @@ impl AllocatorProc {
 }
 
 impl AgentProc {
+    /// Starts the agent with both servers on port 0; [`AgentProc::await_addrs`] reads where.
     fn spawn(
         &mut self,
         bin: &Path,
         allocators: &[String],
         policies: &Path,
         logs: &Path,
+        ready: &Path,
     ) -> Result<()> {
         let mut cmd = Command::new(bin.join("allot-agent"));
         cmd.arg("--agent-id")
@@ -196,9 +310,11 @@ impl AgentProc {
             .arg("--region")
             .arg(&self.region)
             .arg("--grpc-listen")
-            .arg(&self.rls)
+            .arg(ANY_PORT)
             .arg("--http-listen")
-            .arg(&self.http)
+            .arg(ANY_PORT)
+            .arg("--ready-file")
+            .arg(ready)
             .arg("--policies")
             .arg(policies);
         for a in allocators {
@@ -209,8 +325,36 @@ impl AgentProc {
             .stdout(log.try_clone()?)
             .stderr(log)
             .kill_on_drop(true);
+        remove_if_present(ready)?;
         self.child = Some(cmd.spawn().context("cannot start allot-agent")?);
         Ok(())
+    }
+
+    /// Waits for the agent's ready file and records its RLS and HTTP addresses.
+    async fn await_addrs(&mut self, ready: &Path, logs: &Path) -> Result<()> {
+        let who = format!("agent {}", self.id);
+        let child = self.child.as_mut().context("agent not started")?;
+        let a = await_ready(child, ready, &["grpc", "http"], &who, logs, READY_WITHIN).await?;
+        self.rls.clone_from(&a[0]);
+        self.http.clone_from(&a[1]);
+        Ok(())
+    }
+
+    /// The process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().and_then(Child::id)
+    }
+}
+
+/// How long a child may take to bind and report its addresses.
+const READY_WITHIN: Duration = Duration::from_secs(30);
+
+fn remove_if_present(path: &Path) -> Result<()> {
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(e).with_context(|| format!("cannot remove {}", path.display()))
+        }
+        _ => Ok(()),
     }
 }
 
@@ -232,22 +376,8 @@ impl Deployment {
     pub async fn start(plan: &Plan) -> Result<Deployment> {
         std::fs::create_dir_all(&plan.data_dir)?;
         let logs = plan.data_dir.join("logs");
-        let mut allocators = Vec::new();
-        for id in 1..=3u64 {
-            allocators.push(AllocatorProc {
-                id,
-                addr: format!("127.0.0.1:{}", free_port()?),
-                data_dir: plan.data_dir.join(format!("allocator-{id}")),
-                child: None,
-            });
-        }
-        let peers: Vec<(u64, String)> = allocators.iter().map(|a| (a.id, a.addr.clone())).collect();
-        for a in allocators.iter_mut() {
-            let init = a.id == 1;
-            a.spawn(&plan.bin_dir, &peers, &plan.policies, init, &logs)?;
-        }
         let mut d = Deployment {
-            allocators,
+            allocators: Vec::new(),
             agents: Vec::new(),
             gateways: Vec::new(),
             data_dir: plan.data_dir.clone(),
@@ -255,26 +385,67 @@ impl Deployment {
             policies: plan.policies.clone(),
             logs,
         };
+        d.start_allocators(3).await?;
         d.wait_leader(Duration::from_secs(30)).await?;
         let endpoints: Vec<String> = d.allocators.iter().map(|a| a.addr.clone()).collect();
+        let ready_dir = d.data_dir.join("ready");
+        std::fs::create_dir_all(&ready_dir)?;
         for (region, n) in &plan.agents {
             for i in 1..=*n {
                 let mut a = AgentProc {
                     id: format!("gw-{region}-{i}"),
                     region: region.clone(),
-                    rls: format!("127.0.0.1:{}", free_port()?),
-                    http: format!("127.0.0.1:{}", free_port()?),
+                    rls: String::new(),
+                    http: String::new(),
                     child: None,
                 };
-                a.spawn(&d.bin_dir, &endpoints, &d.policies, &d.logs)?;
+                let ready = ready_dir.join(format!("agent-{}", a.id));
+                a.spawn(&d.bin_dir, &endpoints, &d.policies, &d.logs, &ready)?;
                 d.agents.push(a);
             }
+        }
+        for a in d.agents.iter_mut() {
+            let ready = ready_dir.join(format!("agent-{}", a.id));
+            a.await_addrs(&ready, &d.logs).await?;
         }
         d.wait_agents(Duration::from_secs(30)).await?;
         if let Some(envoy) = &plan.envoy {
             d.start_gateways(envoy, &plan.gateway_regions).await?;
         }
         Ok(d)
+    }
+
+    /// Starts `n` allocator nodes, each alone on a port it picks, reads their addresses, then
+    /// asks node 1 to initialise the cluster of all of them (the Raft transport and the
+    /// Allocator API share each node's one port).
+    async fn start_allocators(&mut self, n: u64) -> Result<()> {
+        for id in 1..=n {
+            let mut a = AllocatorProc {
+                id,
+                addr: String::new(),
+                data_dir: self.data_dir.join(format!("allocator-{id}")),
+                child: None,
+            };
+            a.spawn(&self.bin_dir, ANY_PORT, &self.policies, &self.logs)?;
+            self.allocators.push(a);
+        }
+        for a in self.allocators.iter_mut() {
+            a.addr = a.await_addr(&self.logs).await?;
+        }
+        let members = self
+            .allocators
+            .iter()
+            .map(|a| pb::Member {
+                node_id: a.id,
+                addr: a.addr.clone(),
+            })
+            .collect();
+        let first = &self.allocators[0];
+        allocator_client(&first.addr)?
+            .cluster_init(pb::ClusterInitRequest { members })
+            .await
+            .with_context(|| format!("cluster init at node {}", first.id))?;
+        Ok(())
     }
 
     /// Starts an upstream and one Envoy per agent of `regions`, with Envoy's HTTP rate-limit
@@ -297,25 +468,28 @@ impl Deployment {
         ))
         .context("Envoy config template")?;
         for a in self.agents.iter().filter(|a| regions.contains(&a.region)) {
-            let listen = free_port()?;
-            let admin = free_port()?;
             let agent_port = a.rls.rsplit(':').next().unwrap_or_default().to_string();
+            // Listener and admin on port 0; Envoy writes the admin address to a file, and the
+            // listener's port is read from the admin API below.
             let cfg = tmpl
-                .replace("@listen_port@", &listen.to_string())
-                .replace("@admin_port@", &admin.to_string())
+                .replace("@listen_port@", "0")
+                .replace("@admin_port@", "0")
                 .replace("@agent_port@", &agent_port)
                 .replace("@upstream_port@", &upstream_port.to_string())
                 .replace("@domain@", "acme")
                 .replace("@failure_mode_deny@", "true");
             let path = self.data_dir.join(format!("envoy-{}.yaml", a.id));
             std::fs::write(&path, cfg)?;
+            let admin_file = self.data_dir.join(format!("envoy-{}.admin", a.id));
+            remove_if_present(&admin_file)?;
             let log = log_file(&self.logs, &format!("envoy-{}", a.id))?;
             let child = Command::new(envoy)
                 .arg("-c")
                 .arg(&path)
+                .arg("--admin-address-path")
+                .arg(&admin_file)
                 .args([
-                    "--base-id",
-                    &admin.to_string(),
+                    "--use-dynamic-base-id",
                     "--log-level",
                     "warn",
                     "--concurrency",
@@ -330,14 +504,21 @@ impl Deployment {
             self.gateways.push(GatewayProc {
                 agent: a.id.clone(),
                 region: a.region.clone(),
-                http: format!("127.0.0.1:{listen}"),
+                http: admin_file.display().to_string(),
                 child: Some(child),
             });
         }
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_millis(500))
+            .build()?;
         let t0 = Instant::now();
-        for g in &self.gateways {
-            while tokio::net::TcpStream::connect(&g.http).await.is_err() {
-                if t0.elapsed() > Duration::from_secs(30) {
+        for g in self.gateways.iter_mut() {
+            let admin_file = PathBuf::from(&g.http);
+            g.http = loop {
+                if let Some(addr) = envoy_listener(&http, &admin_file).await {
+                    break addr;
+                }
+                if t0.elapsed() > READY_WITHIN {
                     bail!(
                         "envoy for {} not listening; see {}",
                         g.agent,
@@ -345,7 +526,7 @@ impl Deployment {
                     );
                 }
                 tokio::time::sleep(Duration::from_millis(50)).await;
-            }
+            };
         }
         Ok(())
     }
@@ -422,18 +603,15 @@ impl Deployment {
     /// # Errors
     /// When it cannot be spawned.
     pub fn restart_allocator(&mut self, id: u64) -> Result<()> {
-        let peers: Vec<(u64, String)> = self
-            .allocators
-            .iter()
-            .map(|a| (a.id, a.addr.clone()))
-            .collect();
         let (bin, pol, logs) = (
             self.bin_dir.clone(),
             self.policies.clone(),
             self.logs.clone(),
         );
         if let Some(a) = self.allocators.iter_mut().find(|a| a.id == id) {
-            a.spawn(&bin, &peers, &pol, false, &logs)?;
+            // Its own address: the cluster's membership records it, and peers dial it.
+            let addr = a.addr.clone();
+            a.spawn(&bin, &addr, &pol, &logs)?;
         }
         Ok(())
     }
@@ -537,5 +715,32 @@ impl Deployment {
             }
         }
         unclean
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_ready;
+
+    #[test]
+    fn a_ready_file_names_each_address_once() {
+        let a = parse_ready("grpc 127.0.0.1:4242\nhttp [::1]:80\n\n").expect("valid");
+        assert_eq!(a["grpc"], "127.0.0.1:4242");
+        assert_eq!(a["http"], "[::1]:80");
+        assert_eq!(a.len(), 2);
+        assert!(parse_ready("").expect("empty is valid").is_empty());
+    }
+
+    #[test]
+    fn a_malformed_ready_file_is_refused() {
+        for bad in [
+            "grpc",
+            "grpc localhost:80",
+            "grpc 127.0.0.1",
+            "grpc 127.0.0.1:65536",
+            "grpc 127.0.0.1:1\ngrpc 127.0.0.1:2",
+        ] {
+            assert!(parse_ready(bad).is_err(), "{bad:?} accepted");
+        }
     }
 }

@@ -43,13 +43,20 @@ pub async fn spawn() -> anyhow::Result<String> {
     Ok(addr)
 }
 
-/// Serves [`NoopRls`] on `listen` ("host:port") until the process ends: a baseline in a
-/// process of its own, like the server it is compared with.
+/// Serves [`NoopRls`] on `listen` ("host:port"; port 0 picks a free one) until the process
+/// ends: a baseline in a process of its own, like the server it is compared with. With
+/// `ready_file`, writes "grpc HOST:PORT" (the bound address) there once it listens.
 ///
 /// # Errors
-/// When the address cannot be bound or the server fails.
-pub async fn serve(listen: &str) -> anyhow::Result<()> {
+/// When the address cannot be bound, the ready file cannot be written or the server fails.
+pub async fn serve(listen: &str, ready_file: Option<&std::path::Path>) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(listen).await?;
+    if let Some(path) = ready_file {
+        let mut tmp = path.as_os_str().to_owned();
+        tmp.push(".tmp");
+        std::fs::write(&tmp, format!("grpc {}\n", listener.local_addr()?))?;
+        std::fs::rename(&tmp, path)?;
+    }
     serve_on(listener).await
 }
 

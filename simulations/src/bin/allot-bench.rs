@@ -69,9 +69,12 @@ enum Command {
     },
     /// Serve a do-nothing RLS (always OK) on --listen, as a baseline process.
     Noop {
-        /// Address to listen on, host:port.
+        /// Address to listen on, host:port (port 0: one the system picks).
         #[arg(long)]
         listen: String,
+        /// Write "grpc HOST:PORT" (the bound address) to this file once listening.
+        #[arg(long)]
+        ready_file: Option<std::path::PathBuf>,
     },
     /// Steady load through an agent, counting the allocator RPCs it made (from its /v1/status)
     /// per 1000 admitted decisions.
@@ -240,7 +243,9 @@ async fn run(command: Command) -> Result<()> {
             );
             Ok(())
         }
-        Command::Noop { listen } => allot_simulations::noop::serve(&listen).await,
+        Command::Noop { listen, ready_file } => {
+            allot_simulations::noop::serve(&listen, ready_file.as_deref()).await
+        }
         Command::Steady {
             target,
             http,
