@@ -243,16 +243,26 @@ class ShouldRateLimit(unittest.TestCase):
     def test_invalid_input_is_invalid_argument_and_spends_nothing(self):
         cases = [
             (dict(descriptors=[]), "no descriptors"),
-            (dict(descriptors=[descriptor([("tokens", "t4")])], domain="nope"), "unknown domain"),
             (dict(descriptors=[descriptor([("tokens", "")])]), "value is empty"),
             (dict(descriptors=[descriptor([("tokens", "t4")], hits=1 << 32)]), "hits_addend"),
-            (dict(descriptors=[descriptor([("tokens", "t4")], hits=101)]), "never pass"),
         ]
         for kwargs, message in cases:
             with self.assertRaises(grpc.RpcError) as e:
                 ask(**kwargs)
             self.assertEqual(e.exception.code(), grpc.StatusCode.INVALID_ARGUMENT, message)
             self.assertIn(message, e.exception.details())
+        r = ask([descriptor([("tokens", "t4")], hits=0)])
+        self.assertEqual(r.statuses[0].limit_remaining, 100)
+
+    def test_never_passing_cost_is_over_limit_and_unknown_domain_is_ok(self):
+        # Envoy lets a request through on an RLS error by default: refuse with OVER_LIMIT.
+        r = ask([descriptor([("tokens", "t4")], hits=101)])
+        self.assertEqual(r.overall_code, OVER_LIMIT)
+        self.assertNotIn("retry-after", [h.key for h in r.response_headers_to_add])
+        r = ask([descriptor([("tokens", "t4")])], domain="nope")
+        self.assertEqual(r.overall_code, OK)
+        self.assertEqual([s.code for s in r.statuses], [OK])
+        self.assertFalse(r.statuses[0].HasField("current_limit"))
         r = ask([descriptor([("tokens", "t4")], hits=0)])
         self.assertEqual(r.statuses[0].limit_remaining, 100)
 

@@ -9,9 +9,11 @@
 //! fails. No allocator takes part: every rule is enforced by the agent alone (`scope: local`,
 //! seed §12), which is what a single limiter replaying the trace is.
 //!
-//! By design one answer differs from the core replay: a cost above a limit's capacity is
-//! INVALID_ARGUMENT from an agent (issue 4: nothing can ever pass, so the client is told its
-//! request is wrong) where the core answers OVER_LIMIT with no Retry-After.
+//! A cost above a limit's capacity is OVER_LIMIT with no Retry-After through both APIs, as in
+//! the core replay (issue 10 item 16: an error would let the request through a gateway that
+//! fails open). One answer differs between the two APIs by design: an unknown domain is refused
+//! as invalid by Check (as by the core replay) but OK with no limits on Envoy's RLS, as
+//! envoyproxy/ratelimit answers it; the Check answer is the output line.
 
 use crate::replay::{code_str, Decided, Decider, StatusLine};
 use crate::wire::OwnedRequest;
@@ -97,11 +99,22 @@ impl Decider for AgentDecider {
         match (&decided, &rls) {
             (Ok(d), Ok(r)) => agree(d, r)?,
             (Err(_), Err(_)) => {}
+            (Err(e), Ok(r)) if unknown_domain(e, r) => {}
             (Ok(_), Err(e)) => return Err(format!("RLS refused what Check decided: {e}")),
             (Err(e), Ok(_)) => return Err(format!("RLS decided what Check refused: {e}")),
         }
         decided
     }
+}
+
+/// Whether Check refused an unknown domain and the RLS answered it as envoyproxy/ratelimit does:
+/// OK, every status OK without a limit.
+fn unknown_domain(check_error: &str, r: &RateLimitResponse) -> bool {
+    check_error.starts_with("unknown domain")
+        && r.overall_code == RlsCode::Ok as i32
+        && r.statuses
+            .iter()
+            .all(|s| s.code == RlsCode::Ok as i32 && s.current_limit.is_none())
 }
 
 fn check_request(req: &OwnedRequest) -> pb::CheckRequest {

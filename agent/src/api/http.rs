@@ -256,11 +256,12 @@ fn decided(v: &Verdict, extra: Option<Value>) -> Response {
         }
         (StatusCode::OK, Json(body)).into_response()
     } else {
-        (
-            StatusCode::TOO_MANY_REQUESTS,
-            Json(json!({"error": "rate_limit_exceeded", "policy": v.policy_label()})),
-        )
-            .into_response()
+        let mut body = json!({"error": "rate_limit_exceeded", "policy": v.policy_label()});
+        if v.never_passes() {
+            // No Retry-After: waiting does not help, the cost is above the limit's capacity.
+            body["reason"] = json!("never");
+        }
+        (StatusCode::TOO_MANY_REQUESTS, Json(body)).into_response()
     };
     with_headers(resp, v)
 }

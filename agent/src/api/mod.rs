@@ -59,21 +59,6 @@ pub enum ApiError {
     /// A field could not be read (wire-format problem), with the field named.
     #[error("{0}")]
     Malformed(String),
-    /// The cost can never pass: it exceeds the capacity of the descriptor's limit.
-    #[error(
-        "descriptors[{descriptor}] costs {cost} but policy {policy:?} holds at most {capacity}; \
-         it can never pass"
-    )]
-    CostExceedsCapacity {
-        /// Descriptor index.
-        descriptor: usize,
-        /// Its cost, tokens.
-        cost: u64,
-        /// The limit's capacity, tokens.
-        capacity: u64,
-        /// The rule's name.
-        policy: String,
-    },
     /// Reservations and in-flight tracking.
     #[error(transparent)]
     InFlight(#[from] InFlightError),
@@ -86,7 +71,6 @@ impl ApiError {
             self,
             ApiError::Invalid(_)
                 | ApiError::Malformed(_)
-                | ApiError::CostExceedsCapacity { .. }
                 | ApiError::InFlight(InFlightError::NotAReservation(_))
         )
     }
@@ -262,14 +246,23 @@ impl Verdict {
         format!("{name}-v{}", self.outcome.policy_version)
     }
 
-    /// On OVER_LIMIT: the wait until this request could pass, ns (`None` when OK).
+    /// On OVER_LIMIT: the wait until this request could pass, ns. `None` when OK, and when it
+    /// can never pass (a cost above a limit's capacity): then no Retry-After is given, as in the
+    /// decision core's answer.
     pub fn retry_after_ns(&self) -> Option<Nanos> {
         match (self.outcome.code, self.outcome.retry_after) {
-            (Code::Ok, _) => None,
+            (Code::Ok, _) | (_, RetryAfter::Never) => None,
             (_, RetryAfter::After(ns)) => Some(ns),
-            // `Never` is refused as invalid before a verdict exists; `Now` cannot deny.
-            (_, RetryAfter::Now) | (_, RetryAfter::Never) => Some(0),
+            // `Now` cannot deny; answer the shortest wait if it ever did.
+            (_, RetryAfter::Now) => Some(0),
         }
+    }
+
+    /// Whether the request is denied and can never pass (a cost above a limit's capacity): an
+    /// OVER_LIMIT answer, never an error, so a gateway that lets requests through on errors
+    /// (Envoy's default `failure_mode_deny: false`) still refuses it (issue 10 item 16).
+    pub fn never_passes(&self) -> bool {
+        self.outcome.code == Code::OverLimit && self.outcome.retry_after == RetryAfter::Never
     }
 }
 
@@ -353,7 +346,8 @@ impl Gateway {
         self.metrics.invalid();
     }
 
-    /// Decides `req` once, taking concurrency slots; refuses a cost beyond capacity.
+    /// Decides `req` once, taking concurrency slots. A cost beyond a limit's capacity is an
+    /// OVER_LIMIT verdict that can never pass ([`Verdict::never_passes`]), not an error.
     async fn decide(
         &self,
         req: &Request<'_>,
@@ -388,33 +382,6 @@ impl Gateway {
                 return Err(e.into());
             }
         };
-        if outcome.code == Code::OverLimit && outcome.retry_after == RetryAfter::Never {
-            // Denied, so nothing was spent; name the descriptor that can never pass.
-            self.metrics.invalid();
-            let i = statuses
-                .iter()
-                .position(|s| s.reason == Reason::CostExceedsCapacity && !s.shadow_mode)
-                .unwrap_or(0);
-            let policy = statuses
-                .get(i)
-                .and_then(|s| s.rule_index)
-                .and_then(|ri| snapshot.domain(req.domain)?.config.rules.get(ri as usize))
-                .map(|r| r.name.clone())
-                .unwrap_or_default();
-            return Err(ApiError::CostExceedsCapacity {
-                descriptor: i,
-                cost: if i < req.descriptors.len() {
-                    req.cost_tokens(i)
-                } else {
-                    0
-                },
-                capacity: statuses
-                    .get(i)
-                    .and_then(|s| s.limit)
-                    .map_or(0, |l| l.capacity),
-                policy,
-            });
-        }
         self.metrics.record(
             req.domain,
             &outcome,
@@ -434,7 +401,7 @@ impl Gateway {
     /// checked for a free slot.
     ///
     /// # Errors
-    /// [`ApiError`] for invalid input, a cost beyond capacity or too many tracked requests;
+    /// [`ApiError`] for invalid input or too many tracked requests;
     /// nothing is spent.
     pub async fn check(
         &self,

@@ -6,17 +6,22 @@
 //! (`current_limit`, `limit_remaining`, `duration_until_reset`), the overall code, the RateLimit
 //! headers of the most restrictive descriptor and `retry-after` on OVER_LIMIT.
 //!
-//! Invalid input (empty or oversized descriptors, unknown domain, a cost beyond `u32` or beyond
-//! the limit's capacity, `is_negative_hits`) is INVALID_ARGUMENT with a message naming the
-//! problem; nothing is spent. A descriptor's `limit` override is ignored: the configured limit
-//! always applies (an override from the data plane would let any client raise its own limit).
+//! Envoy's rate-limit filter lets a request through when the service answers with an error
+//! (its `failure_mode_deny` defaults to false), so an answer that must refuse is never an error
+//! (issue 10 item 16): a cost beyond the limit's capacity is OVER_LIMIT with no `retry-after`
+//! (it can never pass, as in the decision core's answer). An unknown domain is OK with one status
+//! per descriptor and no limit, as envoyproxy/ratelimit answers it: no configured limit applies.
+//! Malformed input (empty or oversized descriptors, a cost beyond `u32`, `is_negative_hits`) is
+//! INVALID_ARGUMENT with a message naming the problem; nothing is spent. A descriptor's `limit`
+//! override is ignored: the configured limit always applies (an override from the data plane
+//! would let any client raise its own limit).
 
 use super::{
     borrow_descriptors, borrow_entries, rate_limit_headers, request_cost, rule_limit, ApiError,
     Gateway, Verdict, WireDescriptor, WireEntry,
 };
 use allot_common::config::Unit;
-use allot_common::descriptor::Request;
+use allot_common::descriptor::{Request, RequestError};
 use allot_common::limiter::Code;
 use allot_common::units::NANOS_PER_SEC;
 use allot_proto::envoy::config::core::v3::HeaderValue;
@@ -70,10 +75,10 @@ impl RlsService {
         RateLimitServiceServer::new(self)
     }
 
-    /// Decides one request and translates the answer.
+    /// Decides one request and translates the answer; an unknown domain is OK with no limits.
     ///
     /// # Errors
-    /// [`ApiError`] for invalid input (nothing spent).
+    /// [`ApiError`] for malformed input (nothing spent).
     pub async fn decide(&self, r: &RateLimitRequest) -> Result<RateLimitResponse, ApiError> {
         if let Some(i) = r.descriptors.iter().position(|d| d.is_negative_hits) {
             self.gateway.count_invalid();
@@ -91,8 +96,28 @@ impl RlsService {
             descriptors: &descriptors,
             hits_addend: hits,
         };
-        let v = self.gateway.check(&req, None).await?;
-        Ok(response(&v))
+        match self.gateway.check(&req, None).await {
+            Ok(v) => Ok(response(&v)),
+            Err(ApiError::Invalid(RequestError::UnknownDomain(_))) => {
+                Ok(unknown_domain(r.descriptors.len()))
+            }
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// The answer for a domain no config names: OK, one status per descriptor without a limit (as
+/// envoyproxy/ratelimit answers a domain it does not know).
+fn unknown_domain(descriptors: usize) -> RateLimitResponse {
+    RateLimitResponse {
+        overall_code: rate_limit_response::Code::Ok as i32,
+        statuses: (0..descriptors)
+            .map(|_| PbStatus {
+                code: rate_limit_response::Code::Ok as i32,
+                ..Default::default()
+            })
+            .collect(),
+        ..Default::default()
     }
 }
 

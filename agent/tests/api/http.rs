@@ -112,7 +112,6 @@ async fn bad_input_is_400_json_naming_the_problem_and_spends_nothing() {
         ),
         (tokens("4294967296"), "cost is 4294967296"),
         (tokens("-1"), "invalid value: integer `-1`"),
-        (tokens("101"), "it can never pass"),
     ];
     for (body, msg) in cases {
         let a = send(&r, "POST", "/v1/check", &body).await;
@@ -121,6 +120,15 @@ async fn bad_input_is_400_json_naming_the_problem_and_spends_nothing() {
         let m = a.body["message"].as_str().unwrap_or_default();
         assert!(m.contains(msg), "{m:?} does not name {msg:?}");
     }
+    // A cost above the capacity is a 429 that can never pass, not a 400 a gateway might let
+    // through: reason "never" and no Retry-After (issue 10 item 16).
+    let a = send(&r, "POST", "/v1/check", &tokens("101")).await;
+    assert_eq!(a.status, StatusCode::TOO_MANY_REQUESTS, "{}", a.text);
+    assert_eq!(
+        a.body,
+        json!({"error": "rate_limit_exceeded", "policy": "llm-tokens-v1", "reason": "never"})
+    );
+    assert_eq!(a.header("retry-after"), None);
     let a = send(
         &r,
         "POST",

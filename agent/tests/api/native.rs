@@ -269,17 +269,16 @@ async fn invalid_input_spends_nothing() {
         "{}",
         e.message()
     );
-    let e = try_check(&svc, vec![desc(&[("tokens", "t")], None)], 500, "")
-        .await
-        .unwrap_err();
-    assert!(
-        e.message()
-            .contains("policy \"llm-tokens\" holds at most 100"),
-        "{}",
-        e.message()
-    );
-    let e = reserve(&svc, 101, "x", 0).await.unwrap_err();
-    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    // A cost above the capacity can never pass: a denial (never an error, which a gateway may
+    // let through), with the reason and no Retry-After, and nothing spent (issue 10 item 16).
+    let d = check(&svc, vec![desc(&[("tokens", "t")], None)], 500, "").await;
+    assert_eq!(d.code, pb::DecisionCode::OverLimit as i32);
+    assert_eq!(d.reason, pb::DecisionReason::CostExceedsCapacity as i32);
+    assert_eq!((d.policy.as_str(), d.retry_after_ms), ("llm-tokens", None));
+    let res = reserve(&svc, 101, "x", 0).await.unwrap();
+    let d = res.decision.unwrap();
+    assert_eq!(d.code, pb::DecisionCode::OverLimit as i32);
+    assert_eq!((res.reservation_id.as_str(), d.retry_after_ms), ("", None));
     // The refused Reserve left no trace: the same id can reserve now.
     assert_eq!(reserve(&svc, 1, "x", 0).await.unwrap().reservation_id, "x");
     assert_eq!(tokens_left(&svc).await, 99);

@@ -204,10 +204,6 @@ async fn invalid_input_is_invalid_argument_and_spends_nothing() {
     let many: Vec<&[(&str, &str)]> = vec![&[("tokens", "t")]; 33];
     let cases: Vec<(RateLimitRequest, &str)> = vec![
         (rls("edge", &[], 0), "request has no descriptors"),
-        (
-            rls("nope", &[&[("tokens", "t")]], 0),
-            "unknown domain \"nope\"",
-        ),
         (rls("", &[&[("tokens", "t")]], 0), "domain is empty"),
         (
             rls("edge", &[&[("tokens", "")]], 0),
@@ -218,10 +214,6 @@ async fn invalid_input_is_invalid_argument_and_spends_nothing() {
             "descriptors[1] has no entries",
         ),
         (huge, "descriptors[0].hits_addend is 4294967296"),
-        (
-            rls("edge", &[&[("tokens", "t")]], 101),
-            "holds at most 100; it can never pass",
-        ),
         (rls("edge", &many, 0), "request has 33 descriptors"),
         (negative, "is_negative_hits is not supported"),
     ];
@@ -234,6 +226,39 @@ async fn invalid_input_is_invalid_argument_and_spends_nothing() {
             e.message()
         );
     }
+    let mut peek = rls("edge", &[], 0);
+    peek.descriptors.push(rls_desc(&[("tokens", "t")], Some(0)));
+    let resp = call(&svc, peek).await.unwrap();
+    assert_eq!(resp.statuses[0].limit_remaining, 100, "nothing was spent");
+}
+
+/// Envoy lets a request through on an RLS error unless `failure_mode_deny` is set, so a request
+/// that can never pass is OVER_LIMIT (no retry-after, as the core answers), never an error; an
+/// unknown domain is OK with no limit, as envoyproxy/ratelimit answers (issue 10 item 16).
+#[tokio::test]
+async fn never_passing_cost_is_over_limit_and_unknown_domain_is_ok() {
+    let r = rig(LOCAL);
+    let svc = RlsService::new(r.gateway.clone());
+    let resp = call(
+        &svc,
+        rls("edge", &[&[("tokens", "t")], &[("free", "x")]], 101),
+    )
+    .await
+    .unwrap();
+    assert_eq!(resp.overall_code, Code::OverLimit as i32);
+    assert_eq!(resp.statuses[0].code, Code::OverLimit as i32);
+    assert_eq!(resp.statuses[0].limit_remaining, 100);
+    assert!(headers(&resp).iter().all(|(k, _)| k != "retry-after"));
+    let resp = call(&svc, rls("nope", &[&[("tokens", "t")], &[("a", "b")]], 0))
+        .await
+        .unwrap();
+    assert_eq!(resp.overall_code, Code::Ok as i32);
+    assert_eq!(resp.statuses.len(), 2);
+    assert!(resp
+        .statuses
+        .iter()
+        .all(|s| s.code == Code::Ok as i32 && s.current_limit.is_none()));
+    assert!(resp.response_headers_to_add.is_empty());
     let mut peek = rls("edge", &[], 0);
     peek.descriptors.push(rls_desc(&[("tokens", "t")], Some(0)));
     let resp = call(&svc, peek).await.unwrap();
@@ -263,10 +288,10 @@ async fn over_loopback_grpc() {
             ("retry-after", "20"),
         ])
     );
-    let e = c
+    let resp = c
         .should_rate_limit(rls("nope", &[&[("client", "z")]], 0))
         .await
-        .unwrap_err();
-    assert_eq!(e.code(), tonic::Code::InvalidArgument);
-    assert!(e.message().contains("unknown domain"));
+        .unwrap()
+        .into_inner();
+    assert_eq!(resp.overall_code, Code::Ok as i32);
 }
