@@ -6,7 +6,7 @@
 //! exhausted): the request waits for that key's allocator call, bounded by `cold_wait_ms`,
 //! counted, and its duration recorded.
 
-use crate::lease::{LeaseBook, LeaseSettings, LeaseTables, LeaseView};
+use crate::lease::{ChargeLog, Charged, LeaseBook, LeaseSettings, LeaseTables, LeaseView};
 use crate::slots::{SlotOutcome, SlotTables, Slots};
 use allot_common::clock::Clock;
 use allot_common::concurrency::Permit;
@@ -124,24 +124,31 @@ impl Enforcer {
         req: &Request<'_>,
         statuses: &mut Vec<DescriptorStatus>,
     ) -> Result<Outcome, RequestError> {
-        self.decide_in(&self.current.load(), req, statuses)
+        self.decide_in(&self.current.load(), req, statuses, None)
     }
 
+    /// Decides with `current`; with `charges`, records what each leased descriptor charged.
     fn decide_in(
         &self,
         current: &Current,
         req: &Request<'_>,
         statuses: &mut Vec<DescriptorStatus>,
+        charges: Option<&ChargeLog>,
     ) -> Result<Outcome, RequestError> {
-        let leases = LeaseView::new(&self.book, &current.leases);
+        let leases = match charges {
+            Some(log) => LeaseView::recording(&self.book, &current.leases, log),
+            None => LeaseView::new(&self.book, &current.leases),
+        };
         current
             .snapshot
             .decide_with(req, self.clock.now(), statuses, &leases)
     }
 
     /// Gives back `unused[i]` microtokens of descriptor `i` of an admitted request that was
-    /// spent at `spent_at` (seed §24: settle a reservation). Buckets never rise above capacity;
-    /// leased descriptors get back only what has not been reported yet.
+    /// spent at `spent_at` (seed §24: settle a reservation). Buckets never rise above capacity.
+    /// Leased descriptors get nothing back here: only the allocation a decision charged may take
+    /// tokens back, through the charges [`decide_with_slots`](Self::decide_with_slots) recorded
+    /// ([`Charged::refund`]).
     ///
     /// # Errors
     /// [`RequestError`] for invalid input or an unknown domain; nothing changes.
@@ -179,17 +186,19 @@ impl Enforcer {
         req: &Request<'_>,
         statuses: &mut Vec<DescriptorStatus>,
     ) -> Result<Outcome, RequestError> {
-        Ok(self.decide_current(req, statuses).await?.0)
+        Ok(self.decide_current(req, statuses, None).await?.0)
     }
 
-    /// [`decide`](Self::decide), returning the config it decided with too.
+    /// [`decide`](Self::decide), returning the config it decided with too; with `charges`,
+    /// records what the admitted leased descriptors charged.
     async fn decide_current(
         &self,
         req: &Request<'_>,
         statuses: &mut Vec<DescriptorStatus>,
+        charges: Option<&ChargeLog>,
     ) -> Result<(Outcome, Arc<Current>), RequestError> {
         let mut current = self.current.load_full();
-        let mut outcome = self.decide_in(&current, req, statuses)?;
+        let mut outcome = self.decide_in(&current, req, statuses, charges)?;
         if !outcome.awaiting_lease {
             return Ok((outcome, current));
         }
@@ -209,7 +218,10 @@ impl Enforcer {
             }
             // The config may have changed while waiting: decide with the one current now.
             current = self.current.load_full();
-            outcome = self.decide_in(&current, req, statuses)?;
+            if let Some(log) = charges {
+                log.clear();
+            }
+            outcome = self.decide_in(&current, req, statuses, charges)?;
         }
         let waited = started.elapsed().as_nanos();
         counters
@@ -259,6 +271,9 @@ impl Enforcer {
     /// The Retry-After of a concurrency denial is the lease settings' `retry_floor_ms`: when a
     /// slot frees depends on other requests finishing, which the agent cannot foresee.
     ///
+    /// With `record` (a reservation, to be refunded later) the result carries what each admitted
+    /// leased descriptor charged; it is empty otherwise.
+    ///
     /// # Errors
     /// As [`decide_now`](Self::decide_now).
     pub async fn decide_with_slots(
@@ -266,12 +281,17 @@ impl Enforcer {
         req: &Request<'_>,
         statuses: &mut Vec<DescriptorStatus>,
         permits: &mut Vec<Permit>,
-    ) -> Result<(Outcome, Arc<Snapshot>), RequestError> {
+        record: bool,
+    ) -> Result<(Outcome, Arc<Snapshot>, Vec<Charged>), RequestError> {
         permits.clear();
-        let (mut outcome, current) = self.decide_current(req, statuses).await?;
+        // A capped domain may undo the spend at once (a full slot), which needs the charges too.
+        let log =
+            (record || self.current.load().slots.any_capped(req.domain)).then(ChargeLog::default);
+        let (mut outcome, current) = self.decide_current(req, statuses, log.as_ref()).await?;
+        let charges = log.map(|l| l.take(req)).unwrap_or_default();
         let snapshot = current.snapshot.clone();
         if outcome.code != Code::Ok || !current.slots.any_capped(req.domain) {
-            return Ok((outcome, snapshot));
+            return Ok((outcome, snapshot, charges));
         }
         let now = self.clock.now();
         let mut full = None;
@@ -289,7 +309,7 @@ impl Enforcer {
             }
         }
         let Some(denied) = full else {
-            return Ok((outcome, snapshot));
+            return Ok((outcome, snapshot, charges));
         };
         permits.clear();
         // Undo the rate spend of every descriptor that spent (allowed with a limit).
@@ -307,6 +327,9 @@ impl Enforcer {
         if unused.iter().any(|u| *u > 0) {
             self.refund_in(&current, req, &unused, now)?;
         }
+        for c in &charges {
+            c.refund(&self.book, c.micros, now);
+        }
         let wait = RetryAfter::After(self.settings().retry_floor_ns());
         if let Some(s) = statuses.get_mut(denied) {
             s.code = Code::OverLimit;
@@ -315,6 +338,6 @@ impl Enforcer {
         }
         outcome.code = Code::OverLimit;
         outcome.retry_after = wait;
-        Ok((outcome, snapshot))
+        Ok((outcome, snapshot, Vec::new()))
     }
 }

@@ -123,10 +123,13 @@ async fn run(cli: Cli) -> Result<()> {
         "allot-agent listening"
     );
 
-    let (stop, shutdown) = watch::channel(false);
-    let background = agent.spawn_background(shutdown.clone());
-    let grpc_task = tokio::spawn(serve_grpc(grpc, agent.gateway.clone(), shutdown.clone()));
-    let http_task = tokio::spawn(serve_http(http, agent.gateway.clone(), shutdown.clone()));
+    // Two stop signals, in order (issue 10 item 3): the servers drain first, so no request is
+    // being decided when the lease manager closes and releases the allocations.
+    let (stop_serving, serving) = watch::channel(false);
+    let (stop_background, background_shutdown) = watch::channel(false);
+    let background = agent.spawn_background(background_shutdown);
+    let grpc_task = tokio::spawn(serve_grpc(grpc, agent.gateway.clone(), serving.clone()));
+    let http_task = tokio::spawn(serve_http(http, agent.gateway.clone(), serving));
     if let Some(path) = &cli.ready_file {
         // Both listeners are bound (connections queue until the servers accept them).
         write_ready_file(path, &format!("grpc {grpc_bound}\nhttp {http_bound}\n"))
@@ -134,16 +137,8 @@ async fn run(cli: Cli) -> Result<()> {
     }
 
     wait_for_signal().await?;
-    tracing::info!("shutting down: releasing allocations");
-    let _ = stop.send(true);
-    // Allocations are released before exit; bounded so a dead allocator cannot hold us forever
-    // (the allocator expires what is not released anyway).
-    if tokio::time::timeout(Duration::from_secs(10), background)
-        .await
-        .is_err()
-    {
-        tracing::warn!("releasing allocations timed out; the allocator will expire them");
-    }
+    tracing::info!("shutting down: draining requests");
+    let _ = stop_serving.send(true);
     match tokio::time::timeout(Duration::from_secs(5), grpc_task).await {
         Ok(Ok(Err(e))) => tracing::warn!(error = %e, "gRPC server stopped with an error"),
         Err(_) => tracing::warn!("gRPC server did not stop in time"),
@@ -153,6 +148,17 @@ async fn run(cli: Cli) -> Result<()> {
         Ok(Ok(Err(e))) => tracing::warn!(error = %e, "HTTP server stopped with an error"),
         Err(_) => tracing::warn!("HTTP server did not stop in time"),
         _ => {}
+    }
+    tracing::info!("releasing allocations");
+    let _ = stop_background.send(true);
+    // Allocations are closed, then released; bounded so a dead allocator cannot hold us forever
+    // (the allocator expires what is not released anyway). A server that did not drain in time
+    // cannot spend past the close.
+    if tokio::time::timeout(Duration::from_secs(10), background)
+        .await
+        .is_err()
+    {
+        tracing::warn!("releasing allocations timed out; the allocator will expire them");
     }
     tracing::info!("stopped");
     Ok(())

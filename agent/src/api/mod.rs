@@ -5,10 +5,12 @@
 
 pub mod http;
 pub mod native;
+pub mod refund;
 pub mod rls;
 
 use crate::enforce::Enforcer;
 use crate::inflight::{Begin, InFlight, InFlightError, OwnedRequest, Reservation};
+use crate::lease::Charged;
 use crate::metrics::Metrics;
 use allot_common::config::{ConfigSet, Rule, RuleLimit};
 use allot_common::descriptor::{
@@ -189,6 +191,9 @@ pub struct Verdict {
     pub snapshot: Arc<Snapshot>,
     /// The request's domain.
     pub domain: String,
+    /// What each admitted leased descriptor charged (kept for a reservation's settlement; empty
+    /// for a plain check).
+    pub charges: Vec<Charged>,
 }
 
 impl Verdict {
@@ -348,20 +353,24 @@ impl Gateway {
 
     /// Decides `req` once, taking concurrency slots. A cost beyond a limit's capacity is an
     /// OVER_LIMIT verdict that can never pass ([`Verdict::never_passes`]), not an error.
+    ///
+    /// With `record` (a reservation) the verdict keeps what each leased descriptor charged, so a
+    /// settlement refunds exactly there.
     async fn decide(
         &self,
         req: &Request<'_>,
         permits: &mut Vec<allot_common::concurrency::Permit>,
+        record: bool,
     ) -> Result<Verdict, ApiError> {
         let started = Instant::now();
         let mut statuses = Vec::with_capacity(req.descriptors.len());
         let mut outcome = self
             .enforcer
-            .decide_with_slots(req, &mut statuses, permits)
+            .decide_with_slots(req, &mut statuses, permits, record)
             .await;
         // A full key may be full of requests the gateway forgot to finish: expire what is due
         // and decide once more (the denial spent nothing, so deciding again is exact).
-        if let Ok((o, _)) = &outcome {
+        if let Ok((o, _, _)) = &outcome {
             let concurrency = statuses
                 .iter()
                 .any(|s| s.reason == Reason::ConcurrencyLimit);
@@ -371,11 +380,11 @@ impl Gateway {
             {
                 outcome = self
                     .enforcer
-                    .decide_with_slots(req, &mut statuses, permits)
+                    .decide_with_slots(req, &mut statuses, permits, record)
                     .await;
             }
         }
-        let (outcome, snapshot) = match outcome {
+        let (outcome, snapshot, charges) = match outcome {
             Ok(o) => o,
             Err(e) => {
                 self.metrics.invalid();
@@ -393,6 +402,7 @@ impl Gateway {
             statuses,
             snapshot,
             domain: req.domain.to_string(),
+            charges,
         })
     }
 
@@ -413,7 +423,7 @@ impl Gateway {
             self.inflight.has_room()?;
         }
         let mut permits = Vec::new();
-        let verdict = self.decide(req, &mut permits).await?;
+        let verdict = self.decide(req, &mut permits, false).await?;
         if let (Some(id), false) = (id, permits.is_empty()) {
             let until = self
                 .enforcer
@@ -492,7 +502,7 @@ impl Gateway {
             armed: true,
         };
         let mut permits = Vec::new();
-        let verdict = Arc::new(self.decide(req, &mut permits).await?);
+        let verdict = Arc::new(self.decide(req, &mut permits, true).await?);
         if !verdict.is_ok() {
             return Ok(Reserved {
                 reservation_id: String::new(),
@@ -547,10 +557,10 @@ impl Gateway {
             let r = &s.reservation;
             // The request was valid when reserved; the only way it fails now is a config change
             // that removed its domain, and then there is no limit left to refund into.
-            if let Err(e) = r
-                .request
-                .with_request(|req| self.enforcer.refund(req, &s.unused, r.spent_at))
-            {
+            if let Err(e) = r.request.with_request(|req| {
+                let unused = refund::settle_charges(&self.enforcer, &r.answer, req, &s.unused, now);
+                self.enforcer.refund(req, &unused, r.spent_at)
+            }) {
                 tracing::debug!(reservation = id, error = %e, "nothing to refund into");
             }
         }

@@ -1,20 +1,34 @@
 //! One allocation held by the agent: a batch of spendable microtokens, spent with atomics on the
-//! hot path (seed §21, §31 step 6).
+//! hot path (seed §21, §31 step 6), closed before its final spend is read (issue 10 item 3).
 
 use allot_common::units::{Micros, Nanos};
+use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Set in the spend word once the allocation is closed: every later spend fails in the same
+/// compare-and-swap that spends, because `spent | CLOSED` exceeds any grant.
+const CLOSED: u64 = 1 << 63;
+
+/// The largest grant an allocation holds, microtokens (the top bit of the spend word is the
+/// closed flag). A larger grant is held as this much: the agent spends less than it was granted,
+/// never more.
+pub const MAX_HELD_GRANT: Micros = CLOSED - 1;
 
 /// A granted allocation as the agent holds it.
 ///
-/// `spent` only grows on the hot path (one compare-and-swap per spend); a cancelled
-/// all-or-nothing reservation gives its tokens back with [`HeldAllocation::unspend`].
+/// `spent` only grows on the hot path (one compare-and-swap per spend). Spend that was read for a
+/// report or a release is *committed*: [`HeldAllocation::unspend`] (a cancelled reservation, a
+/// settled refund) gives back only spend above it, so `reported ≤ committed ≤ spent ≤ granted`
+/// holds at every step (asserted in debug builds) and no give-back can wrap.
+/// [`HeldAllocation::close`] ends spending atomically with respect to
+/// [`HeldAllocation::try_spend`] and returns the final spend a Release carries.
 #[derive(Debug)]
 pub struct HeldAllocation {
     /// Allocator's id for it (never reused).
     pub id: u64,
     /// Its epoch (fencing token for reports).
     pub epoch: u64,
-    /// Microtokens granted.
+    /// Microtokens granted (at most [`MAX_HELD_GRANT`]).
     pub granted: Micros,
     /// Local deadline on the agent's monotonic clock, ns: the time the Acquire was *sent* + ttl
     /// − drift margin. Past it the agent never spends from this allocation.
@@ -23,12 +37,18 @@ pub struct HeldAllocation {
     pub expires_at_unix_ms: u64,
     /// Policy version it was granted under.
     pub policy_version: u64,
+    /// Spent microtokens, with [`CLOSED`] set once closed.
     spent: AtomicU64,
+    /// Highest cumulative spend the allocator acknowledged.
     reported: AtomicU64,
+    /// Spend committed to the allocator (read for a report or a release, or acknowledged):
+    /// never given back. Changes, like every decrease of `spent`, only under this lock, which
+    /// the hot path never takes.
+    committed: Mutex<Micros>,
 }
 
 impl HeldAllocation {
-    /// A fresh allocation with nothing spent.
+    /// A fresh allocation with nothing spent; `granted` is held as at most [`MAX_HELD_GRANT`].
     pub fn new(
         id: u64,
         epoch: u64,
@@ -40,16 +60,17 @@ impl HeldAllocation {
         HeldAllocation {
             id,
             epoch,
-            granted,
+            granted: granted.min(MAX_HELD_GRANT),
             deadline,
             expires_at_unix_ms,
             policy_version,
             spent: AtomicU64::new(0),
             reported: AtomicU64::new(0),
+            committed: Mutex::new(0),
         }
     }
 
-    /// Spends `cost` if it fits and the allocation is still usable at `now`. Lock-free.
+    /// Spends `cost` if it fits, the allocation is open and still usable at `now`. Lock-free.
     #[inline]
     pub fn try_spend(&self, cost: Micros, now: Nanos) -> bool {
         if now >= self.deadline {
@@ -57,6 +78,7 @@ impl HeldAllocation {
         }
         let mut cur = self.spent.load(Ordering::Relaxed);
         loop {
+            // A closed word carries the top bit, so it never fits under a grant.
             let Some(next) = cur.checked_add(cost).filter(|n| *n <= self.granted) else {
                 return false;
             };
@@ -70,23 +92,75 @@ impl HeldAllocation {
         }
     }
 
-    /// Gives back `cost` spent by a reservation that was then cancelled (all-or-nothing).
-    #[inline]
-    pub fn unspend(&self, cost: Micros) {
-        self.spent.fetch_sub(cost, Ordering::AcqRel);
+    /// Gives back up to `cost` microtokens spent by a request that was cancelled or settled below
+    /// its reservation; returns how many came back. Only spend not yet committed to the allocator
+    /// comes back, and nothing once closed, so a give-back never wraps nor undoes a reported spend
+    /// (issue 10 item 8).
+    pub fn unspend(&self, cost: Micros) -> Micros {
+        let committed = self.committed.lock();
+        let mut cur = self.spent.load(Ordering::Acquire);
+        loop {
+            if cur & CLOSED != 0 {
+                return 0;
+            }
+            let back = cost.min(cur.saturating_sub(*committed));
+            if back == 0 {
+                return 0;
+            }
+            match self.spent.compare_exchange_weak(
+                cur,
+                cur - back,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => {
+                    self.assert_pairs(*committed);
+                    return back;
+                }
+                Err(actual) => cur = actual,
+            }
+        }
     }
 
-    /// Microtokens spent so far (cumulative, what reports carry).
+    /// Microtokens spent so far (cumulative).
     pub fn spent(&self) -> Micros {
-        self.spent.load(Ordering::Acquire)
+        self.spent.load(Ordering::Acquire) & !CLOSED
     }
 
-    /// Microtokens left to spend (0 past the deadline).
+    /// The cumulative spend a Report carries: read and committed at once, so no give-back can
+    /// lower the spend below what the allocator is about to record.
+    pub fn spend_to_report(&self) -> Micros {
+        let mut committed = self.committed.lock();
+        let s = self.spent();
+        *committed = (*committed).max(s);
+        self.assert_pairs(*committed);
+        s
+    }
+
+    /// Closes the allocation — no spend succeeds afterwards — and returns its final spend, which
+    /// every spend that succeeded is part of (issue 10 item 3). Idempotent: a retried Release
+    /// carries the same final spend.
+    pub fn close(&self) -> Micros {
+        let mut committed = self.committed.lock();
+        let s = self.spent.fetch_or(CLOSED, Ordering::AcqRel) & !CLOSED;
+        *committed = (*committed).max(s);
+        self.assert_pairs(*committed);
+        s
+    }
+
+    /// Whether [`close`](Self::close) was called.
+    pub fn is_closed(&self) -> bool {
+        self.spent.load(Ordering::Acquire) & CLOSED != 0
+    }
+
+    /// Microtokens left to spend (0 past the deadline or once closed).
     pub fn remaining(&self, now: Nanos) -> Micros {
         if now >= self.deadline {
             0
         } else {
-            self.granted.saturating_sub(self.spent())
+            // A closed word exceeds the grant: nothing left.
+            self.granted
+                .saturating_sub(self.spent.load(Ordering::Acquire))
         }
     }
 
@@ -95,25 +169,53 @@ impl HeldAllocation {
         now >= self.deadline
     }
 
+    /// Whether the allocation can still be refunded into at `now`: open and before its deadline
+    /// (issue 10 item 5: a refund into a finished allocation would be granted again elsewhere).
+    pub fn is_live(&self, now: Nanos) -> bool {
+        !self.is_expired(now) && !self.is_closed()
+    }
+
     /// Highest cumulative spend the allocator acknowledged.
     pub fn reported(&self) -> Micros {
         self.reported.load(Ordering::Acquire)
     }
 
-    /// Records an acknowledged report (max-merged, like the allocator).
+    /// Records an acknowledged report (max-merged, like the allocator). An acknowledgement above
+    /// what was spent (not something this agent sent) counts as the spend, so the overshoot
+    /// bound never shrinks below the truth.
     pub fn set_reported(&self, v: Micros) {
+        let mut committed = self.committed.lock();
+        let v = v.min(self.spent());
+        *committed = (*committed).max(v);
         self.reported.fetch_max(v, Ordering::AcqRel);
+        self.assert_pairs(*committed);
     }
 
     /// Granted but not yet reported: this allocation's share of the overshoot bound (seed §23).
     pub fn unreported(&self) -> Micros {
         self.granted.saturating_sub(self.reported())
     }
+
+    /// `reported ≤ committed ≤ spent ≤ granted` (debug builds), with the commit lock held so no
+    /// decrease of `spent` races the check.
+    #[inline]
+    fn assert_pairs(&self, committed: Micros) {
+        let (reported, spent) = (self.reported(), self.spent());
+        debug_assert!(
+            reported <= committed && committed <= spent && spent <= self.granted,
+            "allocation {}: reported {reported} ≤ committed {committed} ≤ spent {spent} ≤ \
+             granted {} broken",
+            self.id,
+            self.granted
+        );
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::AtomicBool;
+    use std::sync::Arc;
 
     #[test]
     fn spends_never_exceed_the_grant_even_concurrently() {
@@ -143,11 +245,104 @@ mod tests {
         assert!(a.try_spend(4, 99));
         assert!(!a.try_spend(1, 100));
         assert_eq!(a.remaining(100), 0);
-        a.unspend(4);
+        assert_eq!(a.unspend(4), 4);
         assert_eq!(a.spent(), 0);
         assert!(!a.try_spend(u64::MAX, 0));
+        assert!(a.try_spend(6, 0));
         a.set_reported(6);
         a.set_reported(2);
         assert_eq!((a.reported(), a.unreported()), (6, 4));
+    }
+
+    /// Issue 10 item 8: a settle's refund and a cancel of the same tokens give back at most what
+    /// was spent and not committed; the spend never wraps.
+    #[test]
+    fn give_backs_never_wrap_nor_undo_committed_spend() {
+        let a = HeldAllocation::new(1, 1, 10, 100, 0, 1);
+        assert!(a.try_spend(5, 0));
+        assert_eq!(a.unspend(5), 5);
+        assert_eq!(a.unspend(5), 0, "the same tokens twice: nothing more");
+        assert_eq!(a.spent(), 0);
+        assert!(a.try_spend(8, 0));
+        assert_eq!(a.spend_to_report(), 8);
+        assert!(a.try_spend(2, 0));
+        assert_eq!(
+            a.unspend(u64::MAX),
+            2,
+            "only the spend after the report comes back"
+        );
+        assert_eq!(a.unspend(u64::MAX), 0);
+        assert_eq!(a.spent(), 8);
+        // An acknowledgement beyond the spend counts as the spend.
+        a.set_reported(u64::MAX);
+        assert_eq!((a.reported(), a.unreported()), (8, 2));
+    }
+
+    #[test]
+    fn extremes_of_grant_and_cost() {
+        let a = HeldAllocation::new(1, 1, u64::MAX, u64::MAX, 0, 1);
+        assert_eq!(a.granted, MAX_HELD_GRANT);
+        assert!(!a.try_spend(u64::MAX, 0));
+        assert!(a.try_spend(MAX_HELD_GRANT, 0));
+        assert_eq!(a.remaining(0), 0);
+        assert!(!a.try_spend(1, 0));
+        assert_eq!(a.close(), MAX_HELD_GRANT);
+        assert_eq!(a.spent(), MAX_HELD_GRANT);
+        assert_eq!(a.unspend(u64::MAX), 0);
+        let z = HeldAllocation::new(2, 1, 0, u64::MAX, 0, 1);
+        assert!(z.try_spend(0, 0));
+        assert!(!z.try_spend(1, 0));
+        assert_eq!((z.close(), z.unspend(0), z.remaining(0)), (0, 0, 0));
+    }
+
+    #[test]
+    fn a_closed_allocation_spends_nothing_and_keeps_its_final_spend() {
+        let a = HeldAllocation::new(1, 1, 10, 100, 0, 1);
+        assert!(a.try_spend(3, 0));
+        assert!(a.is_live(0));
+        assert_eq!(a.close(), 3);
+        assert!(!a.is_live(0));
+        assert!(!a.try_spend(1, 0));
+        assert_eq!(a.remaining(0), 0);
+        assert_eq!(a.unspend(3), 0, "a cancel after the close keeps the spend");
+        assert_eq!(a.close(), 3, "idempotent");
+        assert_eq!(a.spent(), 3);
+    }
+
+    /// Issue 10 item 3: spends racing a close either land before it (and are in the final
+    /// spend) or fail; none lands afterwards.
+    #[test]
+    fn spends_racing_a_close_never_exceed_the_final_spend() {
+        for round in 0..50u64 {
+            let a = Arc::new(HeldAllocation::new(round, 1, 1_000_000, u64::MAX, 0, 1));
+            let admitted = Arc::new(AtomicU64::new(0));
+            let go = Arc::new(AtomicBool::new(false));
+            let final_spend = std::thread::scope(|s| {
+                for _ in 0..3 {
+                    let (a, admitted, go) = (a.clone(), admitted.clone(), go.clone());
+                    s.spawn(move || {
+                        while !go.load(Ordering::Acquire) {
+                            std::hint::spin_loop();
+                        }
+                        for _ in 0..2_000 {
+                            if a.try_spend(7, 0) {
+                                admitted.fetch_add(7, Ordering::Relaxed);
+                            }
+                        }
+                    });
+                }
+                go.store(true, Ordering::Release);
+                for _ in 0..(round * 10) {
+                    std::hint::spin_loop();
+                }
+                a.close()
+            });
+            assert_eq!(
+                admitted.load(Ordering::Relaxed),
+                final_spend,
+                "round {round}"
+            );
+            assert_eq!(a.spent(), final_spend);
+        }
     }
 }

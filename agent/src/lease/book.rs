@@ -7,6 +7,7 @@
 //! [`manager`](super::manager), signalled through a channel.
 
 use super::allocation::HeldAllocation;
+use super::charge::ChargeLog;
 use super::protocol::{KeyProtocol, Standing};
 use super::settings::LeaseSettings;
 use crate::metrics::WaitHistogram;
@@ -170,12 +171,51 @@ impl LeaseTables {
 pub struct LeaseView<'a> {
     book: &'a LeaseBook,
     tables: &'a LeaseTables,
+    charges: Option<&'a ChargeLog>,
 }
 
 impl<'a> LeaseView<'a> {
     /// `book` deciding with `tables`.
     pub fn new(book: &'a LeaseBook, tables: &'a LeaseTables) -> Self {
-        LeaseView { book, tables }
+        LeaseView {
+            book,
+            tables,
+            charges: None,
+        }
+    }
+
+    /// As [`new`](Self::new), recording in `charges` what each admitted leased descriptor
+    /// charged, for a decision that may be refunded later (issue 10 item 5).
+    pub fn recording(book: &'a LeaseBook, tables: &'a LeaseTables, charges: &'a ChargeLog) -> Self {
+        LeaseView {
+            book,
+            tables,
+            charges: Some(charges),
+        }
+    }
+
+    /// Decides in `mode`, recording the charge when asked to (a commit is then decided as a
+    /// reservation, so what it charged is known).
+    fn decide_recorded(
+        &self,
+        key: GlobalKey<'_>,
+        cost: Micros,
+        now: Nanos,
+        mode: Mode,
+    ) -> GlobalDecision<LeaseReservation> {
+        let Some(log) = self.charges else {
+            return self.book.decide(self.tables, key, cost, now, mode);
+        };
+        let d = self.book.decide(self.tables, key, cost, now, Mode::Reserve);
+        if let Some(r) = &d.reservation {
+            if let Some(kl) = self
+                .tables
+                .existing(key.domain, key.rule_index, key.entries)
+            {
+                log.record(key.entries, kl, r);
+            }
+        }
+        d
     }
 }
 
@@ -649,7 +689,7 @@ impl GlobalLimits for LeaseView<'_> {
         cost: Micros,
         now: Nanos,
     ) -> GlobalDecision<LeaseReservation> {
-        self.book.decide(self.tables, key, cost, now, Mode::Reserve)
+        self.decide_recorded(key, cost, now, Mode::Reserve)
     }
 
     #[inline]
@@ -659,7 +699,7 @@ impl GlobalLimits for LeaseView<'_> {
         cost: Micros,
         now: Nanos,
     ) -> GlobalDecision<LeaseReservation> {
-        self.book.decide(self.tables, key, cost, now, Mode::Commit)
+        self.decide_recorded(key, cost, now, Mode::Commit)
     }
 
     fn peek(
@@ -672,42 +712,45 @@ impl GlobalLimits for LeaseView<'_> {
     }
 
     fn cancel(&self, r: LeaseReservation) {
+        if let Some(log) = self.charges {
+            log.forget(&r);
+        }
         self.book.cancel(r)
     }
 
-    fn refund(&self, key: GlobalKey<'_>, micros: Micros, now: Nanos) {
-        self.book.refund(self.tables, key, micros, now)
+    /// A refund that does not say which allocation was charged goes nowhere: only the charged
+    /// allocation may take tokens back, and only while it is live (issue 10 item 5). Refunds of
+    /// leased descriptors go through what their decision recorded
+    /// ([`Charged::refund`](super::charge::Charged::refund)).
+    fn refund(&self, _key: GlobalKey<'_>, _micros: Micros, _now: Nanos) {}
+}
+
+impl KeyLease {
+    /// Gives back up to `micros` of this key's emergency admissions (a cancel or a settled
+    /// refund) to its emergency bucket; returns what came back (never more than admitted).
+    pub(crate) fn give_back_emergency(
+        &self,
+        book: &LeaseBook,
+        micros: Micros,
+        now: Nanos,
+    ) -> Micros {
+        let mut back = 0;
+        let _ = self
+            .emergency_admitted
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |x| {
+                back = x.min(micros);
+                Some(x - back)
+            });
+        if let Some(bucket) = book.settings.emergency_bucket(&self.params) {
+            if let Some(st) = self.emergency.lock().as_mut() {
+                bucket.refund(st, now, back);
+            }
+        }
+        back
     }
 }
 
 impl LeaseBook {
-    /// Gives back `micros` an admitted request did not use: to the key's newest allocations,
-    /// only what they have not reported yet (seed §24).
-    fn refund(&self, tables: &LeaseTables, key: GlobalKey<'_>, micros: Micros, now: Nanos) {
-        Self::with_key(tables, &key, now, |kl| Self::refund_key(kl, micros, now));
-    }
-
-    fn refund_key(kl: &Keyed<KeyLease>, micros: Micros, now: Nanos) {
-        let mut left = micros;
-        // Newest first: the allocation least likely to have been reported already.
-        for a in kl.value.allocations().iter().rev() {
-            if left == 0 {
-                break;
-            }
-            if a.is_expired(now) {
-                continue;
-            }
-            let back = left.min(a.spent().saturating_sub(a.reported()));
-            if back > 0 {
-                a.unspend(back);
-                left -= back;
-            }
-        }
-        kl.value
-            .admitted
-            .fetch_sub(micros - left, Ordering::Relaxed);
-    }
-
     /// Returns a reservation's tokens: to its allocation, the fuse and the emergency bucket.
     fn cancel(&self, r: LeaseReservation) {
         match r {
@@ -718,15 +761,7 @@ impl LeaseBook {
                 }
             }
             LeaseReservation::Emergency(kl, cost) => {
-                kl.value
-                    .emergency_admitted
-                    .fetch_sub(cost, Ordering::Relaxed);
-                let now = self.clock.now();
-                if let Some(bucket) = self.settings.emergency_bucket(&kl.value.params) {
-                    if let Some(st) = kl.value.emergency.lock().as_mut() {
-                        bucket.refund(st, now, cost);
-                    }
-                }
+                kl.value.give_back_emergency(self, cost, self.clock.now());
             }
         }
     }

@@ -5,6 +5,7 @@
 use super::allocation::HeldAllocation;
 use super::book::{ms, KeyLease, LeaseBook, LeaseEvent};
 use super::client::AllocatorLink;
+use super::close::close_all;
 use allot_common::keyed::Keyed;
 use allot_common::units::{Micros, Nanos, MICROS_PER_TOKEN, NANOS_PER_SEC};
 use allot_proto::allot::v1 as pb;
@@ -103,8 +104,11 @@ impl LeaseManager {
         while work.join_next().await.is_some() {}
     }
 
-    /// Releases every allocation with its final spend (graceful shutdown).
+    /// Releases every allocation with its final spend (graceful shutdown). Every allocation is
+    /// closed before any final spend is read or sent, so requests still being decided can spend
+    /// nothing the Releases do not carry (issue 10 item 3).
     pub async fn release_all(&self) {
+        close_all(&self.book);
         let mut work = JoinSet::new();
         for table in self.book.tables() {
             for kl in table.snapshot() {
@@ -145,7 +149,7 @@ async fn settle_key(book: &LeaseBook, link: &AllocatorLink, kl: &Arc<Keyed<KeyLe
             }
             continue;
         }
-        let spent = a.spent();
+        let spent = a.spend_to_report();
         if spent > a.reported() {
             book.counters.reports.fetch_add(1, Ordering::Relaxed);
             let req = pb::ReportRequest {
@@ -213,7 +217,9 @@ fn unreachable(book: &LeaseBook, v: &KeyLease, now: Nanos) {
         .record_failure(now.saturating_add(ms(book.settings().error_backoff_ms)));
 }
 
-/// Releases `a` of key `kl` with its final spend; true when the allocator no longer holds it.
+/// Closes `a` of key `kl` (no spend succeeds afterwards) and releases it with its final spend;
+/// true when the allocator no longer holds it. The close comes first, so a spend racing the
+/// release is either in the final spend or refused (issue 10 item 3).
 async fn release(
     book: &LeaseBook,
     link: &AllocatorLink,
@@ -221,15 +227,16 @@ async fn release(
     a: &HeldAllocation,
 ) -> bool {
     book.counters.releases.fetch_add(1, Ordering::Relaxed);
+    let final_spend = a.close();
     let req = pb::ReleaseRequest {
         allocation_id: a.id,
         epoch: a.epoch,
-        final_spend: a.spent(),
+        final_spend,
     };
     match link.call(|mut c| async move { c.release(req).await }).await {
         Ok(r) => {
             reachable(book, &kl.value);
-            a.set_reported(a.spent());
+            a.set_reported(final_spend);
             tracing::debug!(allocation = a.id, returned = r.returned, "released");
             true
         }
@@ -318,7 +325,7 @@ async fn acquire(
                 g.expires_at_unix_ms,
                 g.policy_version,
             ));
-            v.protocol.install(a, now).await;
+            v.protocol.install(a).await;
         }
         Ok(pb::AcquireResponse {
             outcome: Some(pb::acquire_response::Outcome::Denial(d)),

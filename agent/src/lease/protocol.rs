@@ -172,16 +172,12 @@ impl KeyProtocol {
         self.ready.notified()
     }
 
-    /// Installs a granted allocation, dropping expired ones that have nothing left to report,
-    /// and ends the call: the key is warm. `now` is the agent's time of the answer.
-    pub async fn install(&self, a: Arc<HeldAllocation>, now: Nanos) {
+    /// Installs a granted allocation and ends the call: the key is warm. Expired allocations
+    /// stay until maintenance releases them, since the allocator returns their unspent tokens
+    /// only at a Release (issue 10 item 14).
+    pub async fn install(&self, a: Arc<HeldAllocation>) {
         let w = self.write.lock().await;
-        let mut next: Vec<Arc<HeldAllocation>> = self
-            .allocations()
-            .iter()
-            .filter(|x| !x.is_expired(now) || x.spent() > x.reported())
-            .cloned()
-            .collect();
+        let mut next: Vec<Arc<HeldAllocation>> = self.allocations().iter().cloned().collect();
         next.push(a);
         self.replace(&w, next);
         drop(w);
@@ -276,9 +272,10 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn install_ends_the_call_clears_denials_and_drops_finished_allocations() {
+    async fn install_ends_the_call_clears_denials_and_keeps_finished_allocations() {
         let p = KeyProtocol::default();
-        // Expired with everything reported: dropped. Expired with spend unreported: kept.
+        // Expired, everything reported or not: kept until maintenance releases it (issue 10
+        // item 14: the allocator returns unspent tokens only at a Release).
         let done = Arc::new(HeldAllocation::new(1, 1, 10, 5, 0, 1));
         let owed = Arc::new(HeldAllocation::new(2, 1, 10, 5, 0, 1));
         assert!(owed.try_spend(4, 0));
@@ -291,10 +288,10 @@ mod tests {
         assert!(p.begin_call(3));
         let fresh = Arc::new(HeldAllocation::new(3, 1, 10, 50, 0, 1));
         let finished = p.finished();
-        p.install(fresh, 6).await;
+        p.install(fresh).await;
         finished.await;
         let ids: Vec<u64> = p.allocations().iter().map(|a| a.id).collect();
-        assert_eq!(ids, vec![2, 3]);
+        assert_eq!(ids, vec![1, 2, 3]);
         assert_eq!((p.denied_until(), p.in_flight()), (0, false));
     }
 }

@@ -113,7 +113,7 @@ fn install(
         0,
         1,
     ));
-    block_on(kl.value.protocol.install(a.clone(), r.clock_now()));
+    block_on(kl.value.protocol.install(a.clone()));
     a
 }
 
@@ -283,10 +283,21 @@ fn refunds_return_unreported_spend_only() {
         hits_addend: None,
     };
     let mut st = Vec::new();
-    assert_eq!(r.enforcer.decide_now(&req, &mut st).unwrap().code, Code::Ok);
+    // Decided as a reservation is: what it charged is recorded (issue 10 item 5).
+    let (outcome, _, charges) =
+        block_on(
+            r.enforcer
+                .decide_with_slots(&req, &mut st, &mut Vec::new(), true),
+        )
+        .unwrap();
+    assert_eq!(outcome.code, Code::Ok);
     assert_eq!(a.spent(), 6 * T);
     a.set_reported(4 * T);
+    // A refund that does not say which allocation it charged goes nowhere.
     r.enforcer.refund(&req, &[5 * T], r.clock_now()).unwrap();
+    assert_eq!(a.spent(), 6 * T);
+    assert_eq!(charges.len(), 1);
+    charges[0].refund(r.enforcer.book(), 5 * T, r.clock_now());
     // Only the 2 tokens not yet reported can come back.
     assert_eq!(a.spent(), 4 * T);
 }

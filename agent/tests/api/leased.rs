@@ -350,7 +350,7 @@ async fn a_cold_key_answered_at_once_is_admitted_first_time() {
                 Ok(LeaseEvent::Acquire(kl)) => {
                     id += 1;
                     let a = Arc::new(HeldAllocation::new(id, 1, 5 * T, u64::MAX, 0, 1));
-                    installer.block_on(kl.value.protocol.install(a, 0));
+                    installer.block_on(kl.value.protocol.install(a));
                 }
                 Err(_) => std::hint::spin_loop(),
             }

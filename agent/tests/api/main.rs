@@ -11,3 +11,4 @@ mod leased;
 mod native;
 mod real_allocator;
 mod rls;
+mod safety;
