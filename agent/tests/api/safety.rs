@@ -230,7 +230,8 @@ async fn install(r: &Rig, value: &str, id: u64, granted: u64, ttl_ms: u64) -> Ar
     a
 }
 
-async fn check(r: &Rig, key: &str, value: &str, cost: u64) -> CoreCode {
+/// Checks `key=value` at `cost` tokens, or reserves it under `reservation` when given.
+async fn decide(r: &Rig, key: &str, value: &str, cost: u64, reservation: Option<&str>) -> CoreCode {
     let e = entries(&[(key, value)]);
     let d = [Descriptor {
         entries: &e,
@@ -241,27 +242,25 @@ async fn check(r: &Rig, key: &str, value: &str, cost: u64) -> CoreCode {
         descriptors: &d,
         hits_addend: Some(cost),
     };
-    r.gateway.check(&req, None).await.unwrap().outcome.code
+    let verdict = match reservation {
+        Some(id) => {
+            r.gateway
+                .reserve(&req, Some(id), 600_000)
+                .await
+                .unwrap()
+                .verdict
+        }
+        None => Arc::new(r.gateway.check(&req, None).await.unwrap()),
+    };
+    verdict.outcome.code
+}
+
+async fn check(r: &Rig, key: &str, value: &str, cost: u64) -> CoreCode {
+    decide(r, key, value, cost, None).await
 }
 
 async fn reserve(r: &Rig, key: &str, value: &str, cost: u64, id: &str) -> CoreCode {
-    let e = entries(&[(key, value)]);
-    let d = [Descriptor {
-        entries: &e,
-        hits_addend: None,
-    }];
-    let req = Request {
-        domain: "api",
-        descriptors: &d,
-        hits_addend: Some(cost),
-    };
-    r.gateway
-        .reserve(&req, Some(id), 600_000)
-        .await
-        .unwrap()
-        .verdict
-        .outcome
-        .code
+    decide(r, key, value, cost, Some(id)).await
 }
 
 /// Issue 10 items 5 and 8: a settled refund goes back only into the allocation its reservation
@@ -305,6 +304,23 @@ async fn a_settled_refund_goes_only_into_the_live_allocation_it_charged() {
     assert_eq!(c.spent(), 5 * T);
 }
 
+/// Tokens left of the local `tokens=value`, by a decision that spends nothing.
+fn tokens_left(r: &Rig, value: &str) -> u64 {
+    let e = entries(&[("tokens", value)]);
+    let d = [Descriptor {
+        entries: &e,
+        hits_addend: Some(0),
+    }];
+    let req = Request {
+        domain: "api",
+        descriptors: &d,
+        hits_addend: None,
+    };
+    let mut st = Vec::new();
+    r.gateway.enforcer().decide_now(&req, &mut st).unwrap();
+    st[0].remaining
+}
+
 /// Issue 10 item 13 (agent side): a local descriptor's refund goes into its key's state only
 /// while the rule that charged it decides it with an algorithm of the same family; after a
 /// change of family the state deciding now was never charged, so it gets nothing back.
@@ -318,45 +334,22 @@ async fn a_refund_after_an_algorithm_change_goes_nowhere() {
     );
     r.gateway
         .apply(ConfigSet::from_yaml(&changed, Path::new("p2.yaml")).unwrap());
-    let left = |r: &Rig| {
-        let e = entries(&[("tokens", "t")]);
-        let d = [Descriptor {
-            entries: &e,
-            hits_addend: Some(0),
-        }];
-        let req = Request {
-            domain: "api",
-            descriptors: &d,
-            hits_addend: None,
-        };
-        let mut st = Vec::new();
-        r.gateway.enforcer().decide_now(&req, &mut st).unwrap();
-        st[0].remaining
-    };
-    let before = left(&r);
+    let before = tokens_left(&r, "t");
     r.gateway.settle("res-l", 0).unwrap();
-    assert_eq!(left(&r), before, "nothing refunded into the GCRA state");
+    assert_eq!(
+        tokens_left(&r, "t"),
+        before,
+        "nothing refunded into the GCRA state"
+    );
 
     // The same rule and limit: the refund comes back.
     assert_eq!(reserve(&r, "tokens", "u", 60, "res-m").await, CoreCode::Ok);
-    let left_u = |r: &Rig| {
-        let e = entries(&[("tokens", "u")]);
-        let d = [Descriptor {
-            entries: &e,
-            hits_addend: Some(0),
-        }];
-        let req = Request {
-            domain: "api",
-            descriptors: &d,
-            hits_addend: None,
-        };
-        let mut st = Vec::new();
-        r.gateway.enforcer().decide_now(&req, &mut st).unwrap();
-        st[0].remaining
-    };
-    let before = left_u(&r);
+    let before = tokens_left(&r, "u");
     r.gateway.settle("res-m", 0).unwrap();
-    assert!(left_u(&r) > before, "refunded under the same rule");
+    assert!(
+        tokens_left(&r, "u") > before,
+        "refunded under the same rule"
+    );
 }
 
 /// Issue 10 item 14 (agent side): an expired allocation whose spend was fully reported is
