@@ -78,10 +78,7 @@ fn bench(c: &mut Criterion) {
         0,
         1,
     ));
-    tokio::runtime::Builder::new_current_thread()
-        .build()
-        .expect("runtime")
-        .block_on(kl.value.protocol.install(warm));
+    kl.value.protocol.install(warm);
     assert_eq!(e.decide_now(&rg, &mut st).unwrap().code, Code::Ok);
 
     let limiter = Limiter::new(

@@ -6,14 +6,16 @@
 //! exhausted): the request waits for that key's allocator call, bounded by `cold_wait_ms`,
 //! counted, and its duration recorded.
 
-use crate::lease::{ChargeLog, Charged, LeaseBook, LeaseSettings, LeaseTables, LeaseView};
+use crate::lease::{
+    ChargeLog, Charged, LeaseBook, LeaseSettings, LeaseTables, LeaseView, Standing,
+};
 use crate::slots::{SlotOutcome, SlotTables, Slots};
 use allot_common::clock::Clock;
 use allot_common::concurrency::Permit;
 use allot_common::config::ConfigSet;
 use allot_common::descriptor::{Request, RequestError, MAX_DESCRIPTORS};
 use allot_common::limiter::{Code, DescriptorStatus, Limiter, Outcome, Reason, Snapshot};
-use allot_common::units::{tokens_to_micros, Micros};
+use allot_common::units::{tokens_to_micros, Micros, NANOS_PER_MILLI};
 use allot_common::RetryAfter;
 use arc_swap::ArcSwap;
 use arrayvec::ArrayVec;
@@ -213,7 +215,9 @@ impl Enforcer {
                 break;
             }
             if !self.wait_for_calls(&current, req, statuses, deadline).await {
-                counters.wait_timeouts.fetch_add(1, Ordering::Relaxed);
+                if tokio::time::Instant::now() >= deadline {
+                    counters.wait_timeouts.fetch_add(1, Ordering::Relaxed);
+                }
                 break;
             }
             // The config may have changed while waiting: decide with the one current now.
@@ -230,8 +234,10 @@ impl Enforcer {
         Ok((outcome, current))
     }
 
-    /// Waits until the allocator call of every leased key of `req` that has one in flight has
-    /// finished; false when `deadline` came first.
+    /// Waits for the allocator on behalf of every denied descriptor of `req` that waiting can
+    /// change: a central key's request sends its own `Decide` (all of them in one `Batch`);
+    /// a leased key's waits for the key's call in flight. False when `deadline` came first or
+    /// a local limit denied (no answer can change that): then the outcome is final.
     async fn wait_for_calls(
         &self,
         current: &Current,
@@ -239,20 +245,46 @@ impl Enforcer {
         statuses: &[DescriptorStatus],
         deadline: tokio::time::Instant,
     ) -> bool {
+        let now = self.clock.now();
+        let bound = self.settings().cold_wait_ms.saturating_mul(NANOS_PER_MILLI);
+        let mut asked: ArrayVec<_, MAX_DESCRIPTORS> = ArrayVec::new();
+        let mut in_flight: ArrayVec<_, MAX_DESCRIPTORS> = ArrayVec::new();
         for (i, d) in req.descriptors.iter().enumerate() {
-            let Some(ri) = statuses.get(i).and_then(|s| s.rule_index) else {
+            let Some(s) = statuses.get(i) else { break };
+            if s.code != Code::OverLimit || s.shadow_mode {
                 continue;
+            }
+            let Some(kl) = s
+                .rule_index
+                .and_then(|ri| current.leases.existing(req.domain, ri, d.entries))
+            else {
+                return false; // a local limit denied: final
             };
-            let Some(kl) = current.leases.existing(req.domain, ri, d.entries) else {
+            if kl.value.protocol.standing(now, bound) != Standing::Ask {
+                // Answered since the decision (a denial, or the failure mode): deciding again
+                // gives the final answer.
                 continue;
-            };
+            }
+            if self.book.is_central(&kl.value) {
+                let cost = tokens_to_micros(req.cost_tokens(i));
+                match self.book.decide_centrally(&kl, cost) {
+                    Some(rx) => asked.push(rx),
+                    None => return false, // stopping: nothing will be asked
+                }
+            } else {
+                in_flight.push(kl);
+            }
+        }
+        for rx in asked {
+            if tokio::time::timeout_at(deadline, rx).await.is_err() {
+                return false;
+            }
+        }
+        for kl in in_flight {
             let p = &kl.value.protocol;
             // Register for the wake-up before checking, so a finish in between is not missed.
             let finished = p.finished();
-            if !p.in_flight() {
-                continue;
-            }
-            if tokio::time::timeout_at(deadline, finished).await.is_err() {
+            if p.in_flight() && tokio::time::timeout_at(deadline, finished).await.is_err() {
                 return false;
             }
         }

@@ -8,6 +8,7 @@
 
 use super::allocation::HeldAllocation;
 use super::charge::ChargeLog;
+use super::demand::{DemandWindow, Thresholds};
 use super::protocol::{KeyProtocol, Standing};
 use super::settings::LeaseSettings;
 use crate::metrics::WaitHistogram;
@@ -26,13 +27,16 @@ use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 
 /// What the lease manager is asked to do.
 #[derive(Debug)]
 pub enum LeaseEvent {
     /// The key needs an allocation (cold, exhausted, or below the low watermark).
     Acquire(Arc<Keyed<KeyLease>>),
+    /// A central decision of the cost (µtokens) for a waiting request of a central key; the
+    /// sender is dropped (or signalled) once the answer is recorded on the key.
+    Decide(Arc<Keyed<KeyLease>>, Micros, oneshot::Sender<()>),
 }
 
 /// Allocations and lease bookkeeping of one policy key.
@@ -71,6 +75,8 @@ pub struct KeyLease {
     fuse_state: Mutex<Option<TokenBucketState>>,
     /// Last decision time, ns (idle eviction).
     pub last_used: AtomicU64,
+    /// The window in which promotion and demotion are measured ([`demand`](super::demand)).
+    pub demand: DemandWindow,
 }
 
 impl KeyLease {
@@ -97,6 +103,9 @@ pub enum LeaseReservation {
     Allocation(Arc<HeldAllocation>, Micros, Option<Arc<Keyed<KeyLease>>>),
     /// Admitted by the emergency bucket.
     Emergency(Arc<Keyed<KeyLease>>, Micros),
+    /// Admitted from the key's central credit (the allocator's `Decide`); whether the fuse
+    /// was spent too.
+    Central(Arc<Keyed<KeyLease>>, Micros, bool),
 }
 
 /// What a lease decision may take.
@@ -140,6 +149,18 @@ pub struct LeaseCounters {
     pub leased_admits: AtomicU64,
     /// Decisions rejected by a rule's local fuse (no allocator work at all).
     pub fuse_rejects: AtomicU64,
+    /// Central decisions asked of the allocator (`Decide`, one per waiting request).
+    pub decides_asked: AtomicU64,
+    /// Decide items sent (in a Batch or alone).
+    pub decides: AtomicU64,
+    /// Decisions admitted by the allocator's central decision.
+    pub central_admits: AtomicU64,
+    /// Keys promoted from central decisions to leases.
+    pub promotions: AtomicU64,
+    /// Keys demoted from leases to central decisions.
+    pub demotions: AtomicU64,
+    /// Allocator calls sent (a Batch, or one single call of the fallback).
+    pub calls: AtomicU64,
 }
 
 /// Per domain, per rule index: the rule's lease key table (`None` for rules that are not
@@ -226,6 +247,10 @@ pub struct LeaseBook {
     by_rule: Mutex<HashMap<String, Arc<ShardedTable<KeyLease>>>>,
     events: mpsc::UnboundedSender<LeaseEvent>,
     reachable: AtomicBool,
+    /// Central decisions are off: the settings lease every key, or the allocator does not
+    /// serve `Decide` (an older version).
+    central_off: AtomicBool,
+    thresholds: Thresholds,
     clock: Arc<dyn Clock>,
     settings: LeaseSettings,
     /// Counters for metrics.
@@ -252,6 +277,8 @@ impl LeaseBook {
             by_rule: Mutex::new(HashMap::new()),
             events,
             reachable: AtomicBool::new(true),
+            central_off: AtomicBool::new(settings.thresholds().always_leased()),
+            thresholds: settings.thresholds(),
             clock,
             settings,
             counters: LeaseCounters::default(),
@@ -335,10 +362,45 @@ impl LeaseBook {
         self.tables.load().existing(domain, rule_index, entries)
     }
 
-    /// Asks the manager for an allocation unless a call for the key is in flight or a denial
-    /// or failure backoff stands.
+    /// Whether requests of `v` are decided centrally by the allocator (not leased).
+    #[inline]
+    pub fn is_central(&self, v: &KeyLease) -> bool {
+        !v.protocol.is_leased() && !self.central_off.load(Ordering::Relaxed)
+    }
+
+    /// The allocator does not serve `Decide`: every key is leased from now on.
+    pub fn central_unsupported(&self) {
+        if !self.central_off.swap(true, Ordering::AcqRel) {
+            tracing::info!("the allocator does not serve Decide; every key is leased");
+        }
+    }
+
+    /// Promotion and demotion thresholds.
+    pub fn thresholds(&self) -> Thresholds {
+        self.thresholds
+    }
+
+    /// Asks the allocator to decide `cost` for a waiting request of the central key `kl`;
+    /// the receiver completes when the answer is recorded on the key (`None`: the agent is
+    /// stopping and nothing will be asked).
+    pub fn decide_centrally(
+        &self,
+        kl: &Arc<Keyed<KeyLease>>,
+        cost: Micros,
+    ) -> Option<oneshot::Receiver<()>> {
+        let (tx, rx) = oneshot::channel();
+        self.counters.decides_asked.fetch_add(1, Ordering::Relaxed);
+        self.events
+            .send(LeaseEvent::Decide(kl.clone(), cost, tx))
+            .ok()
+            .map(|_| rx)
+    }
+
+    /// Asks the manager for an allocation unless the key is central, a call for it is in
+    /// flight, or a denial or failure backoff stands.
     pub fn request_lease(&self, kl: &Arc<Keyed<KeyLease>>, now: Nanos) {
-        if kl.value.protocol.begin_call(now)
+        if !self.is_central(&kl.value)
+            && kl.value.protocol.begin_call(now)
             && self.events.send(LeaseEvent::Acquire(kl.clone())).is_err()
         {
             // A closed channel means the agent is shutting down: nothing more to lease, and
@@ -482,6 +544,9 @@ impl LeaseBook {
                 cold: false,
             };
         }
+        if take && v.protocol.take_credit(cost, now) {
+            return self.admitted_centrally(kl, cost, now, mode, fused);
+        }
         if fused {
             // Not admitted after all: the fuse gets its token back.
             self.refund_fuse(v, cost);
@@ -522,6 +587,12 @@ impl LeaseBook {
                     .max(self.settings.retry_floor_ns());
                 denied(remaining, RetryAfter::After(wait), false)
             }
+            Standing::Ask if self.is_central(v) => {
+                // The waiting request asks the allocator itself (`Enforcer`): one `Decide` of
+                // its own cost. A request already denied elsewhere (a peek) asks nothing.
+                let wait = time_for(cost, v.params).max(self.settings.retry_floor_ns());
+                denied(remaining, RetryAfter::After(wait), take)
+            }
             Standing::Ask => {
                 // Join the key's next call: it asks for at least the waiting decisions' costs.
                 self.counters.cold_misses.fetch_add(1, Ordering::Relaxed);
@@ -530,6 +601,39 @@ impl LeaseBook {
                 let wait = time_for(cost, v.params).max(self.settings.retry_floor_ns());
                 denied(remaining, RetryAfter::After(wait), true)
             }
+        }
+    }
+
+    /// Bookkeeping of a decision admitted from the key's central credit (the allocator debited
+    /// it already: nothing enters the overshoot bound); promotes the key when its demand here
+    /// makes a lease worthwhile ([`demand`](super::demand)).
+    fn admitted_centrally(
+        &self,
+        kl: &Arc<Keyed<KeyLease>>,
+        cost: Micros,
+        now: Nanos,
+        mode: Mode,
+        fused: bool,
+    ) -> GlobalDecision<LeaseReservation> {
+        let v = &kl.value;
+        let total = v
+            .admitted
+            .fetch_add(cost, Ordering::Relaxed)
+            .saturating_add(cost);
+        self.counters.central_admits.fetch_add(1, Ordering::Relaxed);
+        let period = ms(v.ttl_ms.max(1));
+        if v.demand
+            .promote_due(now, period, total, cost, self.thresholds)
+            && v.protocol.set_leased(true)
+        {
+            v.demand.restart(now, total);
+            self.counters.promotions.fetch_add(1, Ordering::Relaxed);
+        }
+        GlobalDecision {
+            decision: allowed(0, v),
+            reservation: (mode == Mode::Reserve)
+                .then(|| LeaseReservation::Central(kl.clone(), cost, fused)),
+            cold: false,
         }
     }
 
@@ -630,6 +734,11 @@ fn new_key(key: &GlobalKey<'_>, now: Nanos) -> KeyLease {
         },
         fuse_state: Mutex::new(None),
         last_used: AtomicU64::new(now),
+        demand: {
+            let w = DemandWindow::default();
+            w.restart(now, 0);
+            w
+        },
     }
 }
 
@@ -757,6 +866,14 @@ impl LeaseBook {
             LeaseReservation::Allocation(a, cost, fused) => {
                 a.unspend(cost);
                 if let Some(kl) = fused {
+                    self.refund_fuse(&kl.value, cost);
+                }
+            }
+            LeaseReservation::Central(kl, cost, fused) => {
+                // Back to the credit (still void at its time: never used late).
+                kl.value.protocol.add_credit(cost, 0);
+                kl.value.admitted.fetch_sub(cost, Ordering::Relaxed);
+                if fused {
                     self.refund_fuse(&kl.value, cost);
                 }
             }

@@ -25,6 +25,9 @@ pub enum Charge {
     Allocation(Arc<HeldAllocation>),
     /// Admitted by the key's emergency bucket.
     Emergency,
+    /// Admitted by the allocator's central decision (`Decide`): debited there, so nothing can
+    /// be given back here.
+    Central,
 }
 
 /// One descriptor's charge, kept by a reservation.
@@ -52,6 +55,7 @@ impl Charged {
             Charge::Allocation(a) if a.is_live(now) => a.unspend(want),
             Charge::Allocation(_) => 0,
             Charge::Emergency => v.give_back_emergency(book, want, now),
+            Charge::Central => 0,
         };
         saturating_sub(&v.admitted, back);
         back
@@ -77,6 +81,9 @@ struct Recorded {
     allocation_at: usize,
 }
 
+/// `allocation_at` of a central charge (no allocation; never an address).
+const CENTRAL_AT: usize = usize::MAX;
+
 /// The charges of one decision in progress (no heap allocation; one lock per recorded spend).
 #[derive(Debug, Default)]
 pub struct ChargeLog(Mutex<ArrayVec<Recorded, MAX_DESCRIPTORS>>);
@@ -96,6 +103,7 @@ impl ChargeLog {
                 Arc::as_ptr(a) as usize,
             ),
             LeaseReservation::Emergency(_, cost) => (Charge::Emergency, *cost, 0),
+            LeaseReservation::Central(_, cost, _) => (Charge::Central, *cost, CENTRAL_AT),
         };
         // At most one reservation per descriptor, and at most MAX_DESCRIPTORS descriptors.
         let _ = self.0.lock().try_push(Recorded {
@@ -112,6 +120,7 @@ impl ChargeLog {
         let (at, key, cost) = match r {
             LeaseReservation::Allocation(a, cost, _) => (Arc::as_ptr(a) as usize, None, *cost),
             LeaseReservation::Emergency(kl, cost) => (0, Some(Arc::as_ptr(kl)), *cost),
+            LeaseReservation::Central(kl, cost, _) => (CENTRAL_AT, Some(Arc::as_ptr(kl)), *cost),
         };
         let mut log = self.0.lock();
         if let Some(i) = log.iter().position(|x| {

@@ -1,38 +1,84 @@
-//! The lease path in the background (seed §21–23): acquire allocations sized from demand,
-//! report cumulative spend every interval, release finished allocations with their final spend,
-//! prefetch below the low watermark, and release everything on shutdown.
+//! The lease path in the background (seed §21–23, issue 9 items 2–3): acquire allocations sized
+//! from demand, report cumulative spend every interval, release finished allocations with their
+//! final spend, prefetch below the low watermark, decide central keys' requests, promote and
+//! demote keys, and release everything on shutdown.
+//!
+//! Work is queued ([`Pending`]) and sent by one call at a time ([`Dispatcher`]): at once when
+//! no call is in flight (a lone request pays one round trip), else with everything queued
+//! meanwhile when the call in flight returns — so a tick's reports and releases for every key,
+//! and the Acquires and Decides of concurrent requests, travel in one `Batch`. After a call no
+//! allocator answered, the next waits a jittered, growing backoff ([`Backoff`]).
 
 use super::allocation::HeldAllocation;
+use super::backoff::Backoff;
 use super::book::{ms, KeyLease, LeaseBook, LeaseEvent};
 use super::client::AllocatorLink;
 use super::close::close_all;
+use super::dispatch::{Answer, Dispatcher, MAX_BATCH_ITEMS};
 use allot_common::keyed::Keyed;
 use allot_common::units::{Micros, Nanos, MICROS_PER_TOKEN, NANOS_PER_SEC};
 use allot_proto::allot::v1 as pb;
+use parking_lot::Mutex;
+use pb::batch_item::Op;
+use pb::batch_result::Outcome;
+use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{mpsc, watch};
-use tokio::task::JoinSet;
-use tonic::Code;
+use tokio::sync::{mpsc, oneshot, watch};
+
+/// Lease work waiting to be sent; composed into its request when the call is sent, so an
+/// Acquire asks for what the decisions waiting *then* need.
+#[derive(Debug)]
+enum Pending {
+    Acquire(Arc<Keyed<KeyLease>>),
+    Report(Arc<Keyed<KeyLease>>, Arc<HeldAllocation>),
+    Release(Arc<Keyed<KeyLease>>, Arc<HeldAllocation>),
+    Decide(Arc<Keyed<KeyLease>>, Micros, oneshot::Sender<()>),
+}
+
+impl Pending {
+    fn key(&self) -> &Arc<Keyed<KeyLease>> {
+        match self {
+            Pending::Acquire(k)
+            | Pending::Report(k, _)
+            | Pending::Release(k, _)
+            | Pending::Decide(k, _, _) => k,
+        }
+    }
+}
+
+/// The queue, with the allocations that have a Report or Release in it (each at most once).
+#[derive(Debug, Default)]
+struct Queue {
+    items: VecDeque<Pending>,
+    queued: HashSet<u64>,
+}
 
 /// Runs the lease path of one agent.
 pub struct LeaseManager {
     book: Arc<LeaseBook>,
-    link: Arc<AllocatorLink>,
-    request_seq: Arc<AtomicU64>,
+    dispatcher: Dispatcher,
+    request_seq: AtomicU64,
     /// Time of the previous maintenance pass, ns (demand is measured over the real interval).
     last_pass: AtomicU64,
+    queue: Mutex<Queue>,
+    backoff: Mutex<Backoff>,
 }
 
 impl LeaseManager {
     /// A manager for `book`, talking to the allocator through `link`.
     pub fn new(book: Arc<LeaseBook>, link: Arc<AllocatorLink>) -> Self {
+        let s = book.settings();
+        let timeout = Duration::from_millis(s.call_timeout_ms);
+        let backoff = Backoff::new(s.error_backoff_ms, s.backoff_seed);
         LeaseManager {
+            dispatcher: Dispatcher::new(link, timeout),
             book,
-            link,
-            request_seq: Arc::new(AtomicU64::new(0)),
+            request_seq: AtomicU64::new(0),
             last_pass: AtomicU64::new(0),
+            queue: Mutex::default(),
+            backoff: Mutex::new(backoff),
         }
     }
 
@@ -43,21 +89,30 @@ impl LeaseManager {
         mut events: mpsc::UnboundedReceiver<LeaseEvent>,
         mut shutdown: watch::Receiver<bool>,
     ) {
-        let period = Duration::from_millis(self.book.settings().report_interval_ms.max(10));
+        let me = Arc::new(self);
+        let period = Duration::from_millis(me.book.settings().report_interval_ms.max(10));
         let mut tick = tokio::time::interval(period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut acquires = JoinSet::new();
+        let mut in_flight: Option<tokio::task::JoinHandle<bool>> = None;
+        let mut resume_at: Option<tokio::time::Instant> = None;
         loop {
+            if in_flight.is_none() && resume_at.is_none() && !me.queue.lock().items.is_empty() {
+                let m = me.clone();
+                in_flight = Some(tokio::spawn(async move { m.send_once().await }));
+            }
             tokio::select! {
                 ev = events.recv() => match ev {
-                    Some(LeaseEvent::Acquire(kl)) => {
-                        let (book, link, seq) = (self.book.clone(), self.link.clone(), self.request_seq.clone());
-                        acquires.spawn(async move { acquire(&book, &link, &seq, &kl).await });
-                    }
+                    Some(ev) => me.enqueue(ev),
                     None => break,
                 },
-                _ = tick.tick() => self.maintain().await,
-                Some(_) = acquires.join_next(), if !acquires.is_empty() => {}
+                _ = tick.tick() => me.collect(),
+                up = async { in_flight.as_mut().expect("guarded").await }, if in_flight.is_some() => {
+                    in_flight = None;
+                    resume_at = me.after_send(up.unwrap_or(false));
+                }
+                _ = async { tokio::time::sleep_until(resume_at.expect("guarded")).await }, if resume_at.is_some() => {
+                    resume_at = None;
+                }
                 r = shutdown.changed() => {
                     if r.is_err() || *shutdown.borrow() {
                         break;
@@ -65,12 +120,52 @@ impl LeaseManager {
                 }
             }
         }
-        acquires.shutdown().await;
-        self.release_all().await;
+        if let Some(h) = in_flight {
+            let _ = h.await;
+        }
+        me.release_all().await;
     }
 
-    /// One maintenance pass over every key: demand, reports, releases, prefetch, eviction.
+    /// The backoff after a send: `None` when an allocator answered, else when to send next.
+    fn after_send(&self, up: bool) -> Option<tokio::time::Instant> {
+        let mut b = self.backoff.lock();
+        if up {
+            b.succeeded();
+            None
+        } else {
+            Some(tokio::time::Instant::now() + b.failed())
+        }
+    }
+
+    fn enqueue(&self, ev: LeaseEvent) {
+        let p = match ev {
+            LeaseEvent::Acquire(kl) => Pending::Acquire(kl),
+            LeaseEvent::Decide(kl, cost, done) => Pending::Decide(kl, cost, done),
+        };
+        self.queue.lock().items.push_back(p);
+    }
+
+    /// Queues a Report or Release of `a` unless one is queued already.
+    fn enqueue_allocation(&self, p: Pending, id: u64) {
+        let mut q = self.queue.lock();
+        if q.queued.insert(id) {
+            q.items.push_back(p);
+        }
+    }
+
+    /// One maintenance pass, sent at once: every key's demand, reports, releases, prefetch,
+    /// demotion and eviction, in as few calls as the queue needs (one `Batch` per
+    /// [`MAX_BATCH_ITEMS`]); returns when every answer is applied. The background loop does
+    /// the same every report interval without waiting.
     pub async fn maintain(&self) {
+        self.collect();
+        while !self.queue.lock().items.is_empty() {
+            self.send_once().await;
+        }
+    }
+
+    /// Queues every key's maintenance work (no network).
+    fn collect(&self) {
         let now = self.book.clock().now();
         let prev = self.last_pass.swap(now, Ordering::Relaxed);
         let elapsed = if prev == 0 {
@@ -78,20 +173,10 @@ impl LeaseManager {
         } else {
             now.saturating_sub(prev)
         };
-        let mut work = JoinSet::new();
         for table in self.book.tables() {
             for kl in table.snapshot() {
-                let v = &kl.value;
-                let admitted = v.admitted.load(Ordering::Relaxed);
-                let before = v.prev_admitted.swap(admitted, Ordering::Relaxed);
-                if elapsed > 0 {
-                    let per_s = (u128::from(admitted.saturating_sub(before))
-                        * u128::from(NANOS_PER_SEC)
-                        / u128::from(elapsed)) as u64;
-                    v.demand_per_s.store(per_s, Ordering::Relaxed);
-                }
-                let (book, link) = (self.book.clone(), self.link.clone());
-                work.spawn(async move { settle_key(&book, &link, &kl).await });
+                measure(&kl.value, elapsed);
+                self.settle_key(&kl, now);
             }
             let idle = ms(self.book.settings().idle_evict_ms);
             table.retain(|k| {
@@ -101,88 +186,192 @@ impl LeaseManager {
                     && now.saturating_sub(v.last_used.load(Ordering::Relaxed)) > idle)
             });
         }
-        while work.join_next().await.is_some() {}
     }
 
-    /// Releases every allocation with its final spend (graceful shutdown). Every allocation is
-    /// closed before any final spend is read or sent, so requests still being decided can spend
-    /// nothing the Releases do not carry (issue 10 item 3).
-    pub async fn release_all(&self) {
-        close_all(&self.book);
-        let mut work = JoinSet::new();
-        for table in self.book.tables() {
-            for kl in table.snapshot() {
-                let (book, link) = (self.book.clone(), self.link.clone());
-                work.spawn(async move {
-                    let w = kl.value.protocol.lock_writes().await;
-                    for a in kl.value.allocations().iter() {
-                        release(&book, &link, &kl, a).await;
-                    }
-                    kl.value.protocol.replace(&w, Vec::new());
-                });
+    /// Queues reports and releases for one key, drops allocations the allocator must have
+    /// expired, demotes a cooled key, and prefetches.
+    fn settle_key(&self, kl: &Arc<Keyed<KeyLease>>, now: Nanos) {
+        let v = &kl.value;
+        let dead_after = ms(self.book.settings().drift_margin_ms).saturating_mul(4);
+        for a in v.allocations().iter() {
+            let finished = a.is_expired(now) || a.spent() >= a.granted;
+            if finished && now >= a.deadline.saturating_add(dead_after) {
+                // Never released (unreachable allocator): it has expired there by now.
+                v.protocol.remove(a.id);
+            } else if finished {
+                self.enqueue_allocation(Pending::Release(kl.clone(), a.clone()), a.id);
+            } else if a.spent() > a.reported() {
+                self.enqueue_allocation(Pending::Report(kl.clone(), a.clone()), a.id);
             }
         }
-        while work.join_next().await.is_some() {}
+        if self.book.is_central(v) {
+            return;
+        }
+        let period = ms(v.ttl_ms.max(1));
+        let admitted = v.admitted.load(Ordering::Relaxed);
+        let thresholds = self.book.thresholds();
+        if !thresholds.always_leased() && v.demand.demote_due(now, period, admitted, thresholds) {
+            v.protocol.set_leased(false);
+            self.book.counters.demotions.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        if prefetch_due(&self.book, v, now) {
+            self.book.request_lease(kl, now);
+        }
+    }
+
+    /// Sends up to [`MAX_BATCH_ITEMS`] queued items in one call and applies the answers;
+    /// true when an allocator answered.
+    async fn send_once(&self) -> bool {
+        let batch: Vec<Pending> = {
+            let mut q = self.queue.lock();
+            let n = q.items.len().min(MAX_BATCH_ITEMS);
+            let batch: Vec<Pending> = q.items.drain(..n).collect();
+            for p in &batch {
+                if let Pending::Report(_, a) | Pending::Release(_, a) = p {
+                    q.queued.remove(&a.id);
+                }
+            }
+            batch
+        };
+        if batch.is_empty() {
+            return true;
+        }
+        let sent_at = self.book.clock().now();
+        let ops: Vec<Op> = batch.iter().map(|p| self.compose(p, sent_at)).collect();
+        self.book.counters.calls.fetch_add(1, Ordering::Relaxed);
+        let (answers, up) = self.dispatcher.send(ops).await;
+        for (p, a) in batch.into_iter().zip(answers) {
+            self.apply(p, a, sent_at);
+        }
+        up
+    }
+
+    /// The request of one queued item, as it stands at `sent_at`.
+    fn compose(&self, p: &Pending, sent_at: Nanos) -> Op {
+        let c = &self.book.counters;
+        let s = self.book.settings();
+        match p {
+            Pending::Acquire(kl) => {
+                c.acquires.fetch_add(1, Ordering::Relaxed);
+                let v = &kl.value;
+                Op::Acquire(pb::AcquireRequest {
+                    key: Some(policy_key(v)),
+                    region: s.region.clone(),
+                    holder: s.agent_id.clone(),
+                    want: want(v, v.ttl_ms, v.protocol.take_waiting()),
+                    request_id: self.request_id(sent_at),
+                })
+            }
+            Pending::Report(_, a) => {
+                c.reports.fetch_add(1, Ordering::Relaxed);
+                Op::Report(pb::ReportRequest {
+                    allocation_id: a.id,
+                    epoch: a.epoch,
+                    cumulative_spend: a.spend_to_report(),
+                })
+            }
+            Pending::Release(_, a) => {
+                c.releases.fetch_add(1, Ordering::Relaxed);
+                // Closed first: a spend racing the Release is either in its final spend or
+                // refused (issue 10 item 3).
+                Op::Release(pb::ReleaseRequest {
+                    allocation_id: a.id,
+                    epoch: a.epoch,
+                    final_spend: a.close(),
+                })
+            }
+            Pending::Decide(kl, cost, _) => {
+                c.decides.fetch_add(1, Ordering::Relaxed);
+                Op::Decide(pb::DecideRequest {
+                    key: Some(policy_key(&kl.value)),
+                    region: s.region.clone(),
+                    holder: s.agent_id.clone(),
+                    cost: *cost,
+                    request_id: self.request_id(sent_at),
+                })
+            }
+        }
+    }
+
+    fn request_id(&self, sent_at: Nanos) -> String {
+        let seq = self.request_seq.fetch_add(1, Ordering::Relaxed);
+        format!("{}-{}-{}", self.book.settings().agent_id, sent_at, seq)
+    }
+
+    /// Applies one answer to the key of its item.
+    fn apply(&self, p: Pending, answer: Answer, sent_at: Nanos) {
+        let book = &*self.book;
+        let now = book.clock().now();
+        let v = &p.key().value;
+        match &answer {
+            Answer::Unreachable(why) => {
+                tracing::debug!(domain = %v.domain, why = %why, "allocator unreachable");
+                unreachable(book, v, now);
+            }
+            Answer::Done(_) | Answer::Fenced | Answer::Refused(_) => book.set_reachable(true),
+            Answer::Unsupported => {}
+        }
+        match p {
+            Pending::Acquire(kl) => applied_acquire(book, &kl.value, answer, sent_at, now),
+            Pending::Report(kl, a) => applied_report(&kl.value, &a, answer),
+            Pending::Release(kl, a) => applied_release(&kl.value, &a, answer),
+            Pending::Decide(kl, cost, done) => {
+                applied_decide(book, &kl.value, cost, answer, now);
+                let _ = done.send(());
+            }
+        }
+    }
+
+    /// Releases every allocation with its final spend (graceful shutdown), in as few calls as
+    /// the queue needs; each allocation is tried once. Every allocation is closed before any
+    /// final spend is read or sent, so requests still being decided can spend nothing the
+    /// Releases do not carry (issue 10 item 3).
+    pub async fn release_all(&self) {
+        close_all(&self.book);
+        {
+            let mut q = self.queue.lock();
+            q.items.clear();
+            q.queued.clear();
+        }
+        for table in self.book.tables() {
+            for kl in table.snapshot() {
+                for a in kl.value.allocations().iter() {
+                    self.enqueue_allocation(Pending::Release(kl.clone(), a.clone()), a.id);
+                }
+            }
+        }
+        while !self.queue.lock().items.is_empty() {
+            self.send_once().await;
+        }
+        for table in self.book.tables() {
+            for kl in table.snapshot() {
+                let w = kl.value.protocol.lock_writes();
+                kl.value.protocol.replace(&w, Vec::new());
+            }
+        }
     }
 }
 
-/// Reports, releases and prefetches for one key.
-async fn settle_key(book: &LeaseBook, link: &AllocatorLink, kl: &Arc<Keyed<KeyLease>>) {
-    let v = &kl.value;
-    let w = v.protocol.lock_writes().await;
-    let now = book.clock().now();
-    let held = v.allocations();
-    let mut keep: Vec<Arc<HeldAllocation>> = Vec::with_capacity(held.len() + 1);
-    for a in held.iter() {
-        let finished = a.is_expired(now) || a.spent() >= a.granted;
-        if finished {
-            if release(book, link, kl, a).await {
-                continue;
-            }
-            // Unreachable allocator: keep it (unspendable past its deadline) to release later,
-            // until the allocator must have expired it anyway.
-            let dead = a
-                .deadline
-                .saturating_add(ms(book.settings().drift_margin_ms) * 4);
-            if now < dead {
-                keep.push(a.clone());
-            }
-            continue;
-        }
-        let spent = a.spend_to_report();
-        if spent > a.reported() {
-            book.counters.reports.fetch_add(1, Ordering::Relaxed);
-            let req = pb::ReportRequest {
-                allocation_id: a.id,
-                epoch: a.epoch,
-                cumulative_spend: spent,
-            };
-            match link.call(|mut c| async move { c.report(req).await }).await {
-                Ok(r) => {
-                    reachable(book, v);
-                    a.set_reported(r.recorded_spend);
-                }
-                Err(s) if fenced(&s) => {
-                    // The allocator no longer knows it as live (expired or fenced): stop.
-                    reachable(book, v);
-                    tracing::warn!(allocation = a.id, status = %s, "allocation fenced; dropping it");
-                    continue;
-                }
-                Err(s) => {
-                    unreachable(book, v, now);
-                    tracing::debug!(allocation = a.id, status = %s, "report failed");
-                }
-            }
-        }
-        keep.push(a.clone());
+/// Measures the key's demand over the last pass (`elapsed` ns), µtokens per second.
+fn measure(v: &KeyLease, elapsed: Nanos) {
+    let admitted = v.admitted.load(Ordering::Relaxed);
+    let before = v.prev_admitted.swap(admitted, Ordering::Relaxed);
+    if elapsed > 0 {
+        let per_s = u128::from(admitted.saturating_sub(before)) * u128::from(NANOS_PER_SEC)
+            / u128::from(elapsed);
+        v.demand_per_s
+            .store(u64::try_from(per_s).unwrap_or(u64::MAX), Ordering::Relaxed);
     }
-    let changed = keep.len() != held.len();
-    if changed {
-        v.protocol.replace(&w, keep);
+}
+
+/// Prefetch when what is left will not last until the next pass, or when every allocation
+/// ends before the pass after next (tokens left at the deadline are of no use).
+fn prefetch_due(book: &LeaseBook, v: &KeyLease, now: Nanos) -> bool {
+    let demand = v.demand_per_s.load(Ordering::Relaxed);
+    if demand == 0 {
+        return false;
     }
-    drop(w);
-    // Prefetch when what is left will not last until the next pass, or when every allocation
-    // ends before the pass after next (tokens left at the deadline are of no use).
     let left = v.remaining(now);
     let last_deadline = v
         .allocations()
@@ -191,20 +380,29 @@ async fn settle_key(book: &LeaseBook, link: &AllocatorLink, kl: &Arc<Keyed<KeyLe
         .max()
         .unwrap_or(0);
     let interval = ms(book.settings().report_interval_ms);
-    let need_soon = (u128::from(v.demand_per_s.load(Ordering::Relaxed)) * u128::from(interval)
-        / u128::from(NANOS_PER_SEC)) as u64;
-    let watermark =
-        (u128::from(v.max_grant) * u128::from(book.settings().low_watermark_pct) / 100) as u64;
+    let need_soon =
+        u64::try_from(u128::from(demand) * u128::from(interval) / u128::from(NANOS_PER_SEC))
+            .unwrap_or(u64::MAX);
+    let watermark = u64::try_from(
+        u128::from(v.max_grant) * u128::from(book.settings().low_watermark_pct) / 100,
+    )
+    .unwrap_or(u64::MAX);
     let ending = last_deadline.saturating_sub(now) < interval.saturating_mul(2);
-    if v.demand_per_s.load(Ordering::Relaxed) > 0 && (left < need_soon.max(watermark) || ending) {
-        book.request_lease(kl, now);
-    }
+    left < need_soon.max(watermark) || ending
 }
 
-/// The allocator answered a call for key `v`.
-fn reachable(book: &LeaseBook, v: &KeyLease) {
-    book.set_reachable(true);
-    v.protocol.record_reachable();
+fn policy_key(v: &KeyLease) -> pb::PolicyKey {
+    pb::PolicyKey {
+        domain: v.domain.clone(),
+        entries: v
+            .entries
+            .iter()
+            .map(|(k, val)| pb::DescriptorEntry {
+                key: k.clone(),
+                value: val.clone(),
+            })
+            .collect(),
+    }
 }
 
 /// A call for key `v` found the allocator unreachable at `now`: the key follows its failure
@@ -215,40 +413,6 @@ fn unreachable(book: &LeaseBook, v: &KeyLease, now: Nanos) {
     book.counters.rpc_errors.fetch_add(1, Ordering::Relaxed);
     v.protocol
         .record_failure(now.saturating_add(ms(book.settings().error_backoff_ms)));
-}
-
-/// Closes `a` of key `kl` (no spend succeeds afterwards) and releases it with its final spend;
-/// true when the allocator no longer holds it. The close comes first, so a spend racing the
-/// release is either in the final spend or refused (issue 10 item 3).
-async fn release(
-    book: &LeaseBook,
-    link: &AllocatorLink,
-    kl: &Keyed<KeyLease>,
-    a: &HeldAllocation,
-) -> bool {
-    book.counters.releases.fetch_add(1, Ordering::Relaxed);
-    let final_spend = a.close();
-    let req = pb::ReleaseRequest {
-        allocation_id: a.id,
-        epoch: a.epoch,
-        final_spend,
-    };
-    match link.call(|mut c| async move { c.release(req).await }).await {
-        Ok(r) => {
-            reachable(book, &kl.value);
-            a.set_reported(final_spend);
-            tracing::debug!(allocation = a.id, returned = r.returned, "released");
-            true
-        }
-        Err(s) if fenced(&s) => {
-            reachable(book, &kl.value);
-            true
-        }
-        Err(_) => {
-            unreachable(book, &kl.value, book.clock().now());
-            false
-        }
-    }
 }
 
 /// What to ask for: the demand of one lease period, and at least what the decisions waiting
@@ -266,109 +430,103 @@ fn want(v: &KeyLease, ttl_ms: u64, waiting: Micros) -> Micros {
         .clamp(MICROS_PER_TOKEN, v.max_grant.max(MICROS_PER_TOKEN))
 }
 
-/// One Acquire for `kl` (retried across nodes with the same request id), installed on grant.
-async fn acquire(
-    book: &LeaseBook,
-    link: &AllocatorLink,
-    seq: &AtomicU64,
-    kl: &Arc<Keyed<KeyLease>>,
-) {
-    let v = &kl.value;
+/// An Acquire's answer: install the grant (its lease measured from when the request was sent,
+/// minus the drift margin, so the agent stops spending before the allocator can consider it
+/// expired), remember a denial, or back off.
+fn applied_acquire(book: &LeaseBook, v: &KeyLease, answer: Answer, sent_at: Nanos, now: Nanos) {
     let s = book.settings();
-    let sent_at = book.clock().now();
-    let request_id = format!(
-        "{}-{}-{}",
-        s.agent_id,
-        sent_at,
-        seq.fetch_add(1, Ordering::Relaxed)
-    );
-    let req = pb::AcquireRequest {
-        key: Some(pb::PolicyKey {
-            domain: v.domain.clone(),
-            entries: v
-                .entries
-                .iter()
-                .map(|(k, val)| pb::DescriptorEntry {
-                    key: k.clone(),
-                    value: val.clone(),
-                })
-                .collect(),
-        }),
-        region: s.region.clone(),
-        holder: s.agent_id.clone(),
-        want: want(v, v.ttl_ms, v.protocol.take_waiting()),
-        request_id,
-    };
-    book.counters.acquires.fetch_add(1, Ordering::Relaxed);
-    let result = link
-        .call(|mut c| {
-            let req = req.clone();
-            async move { c.acquire(req).await }
-        })
-        .await;
-    let now = book.clock().now();
-    match result {
-        Ok(pb::AcquireResponse {
+    let backoff_end = now.saturating_add(ms(s.error_backoff_ms));
+    match answer {
+        Answer::Done(Outcome::Acquire(pb::AcquireResponse {
             outcome: Some(pb::acquire_response::Outcome::Grant(g)),
-        }) => {
-            book.set_reachable(true);
-            // The lease is measured from when the request was sent, minus the drift margin:
-            // the agent stops spending before the allocator can consider it expired.
+        })) => {
+            v.protocol.record_reachable();
             let deadline = sent_at
                 .saturating_add(ms(g.ttl_ms))
                 .saturating_sub(ms(s.drift_margin_ms));
-            let a = Arc::new(HeldAllocation::new(
+            let a = HeldAllocation::new(
                 g.allocation_id,
                 g.epoch,
                 g.granted,
                 deadline,
                 g.expires_at_unix_ms,
                 g.policy_version,
-            ));
-            v.protocol.install(a).await;
+            );
+            v.protocol.install(Arc::new(a));
         }
-        Ok(pb::AcquireResponse {
+        Answer::Done(Outcome::Acquire(pb::AcquireResponse {
             outcome: Some(pb::acquire_response::Outcome::Denial(d)),
-        }) => {
-            book.set_reachable(true);
-            v.protocol
-                .record_denial(now.saturating_add(ms(d.retry_after_ms.max(1))));
-        }
-        Ok(pb::AcquireResponse { outcome: None }) => {
-            // An answer without an outcome: the allocator is up but granted nothing; deny for
-            // the error backoff (never the failure mode: the allocator answered).
-            book.set_reachable(true);
-            v.protocol
-                .record_denial(now.saturating_add(ms(s.error_backoff_ms)));
-        }
-        Err(st) => {
-            // A leader hint that could not be followed means no leader answered either.
-            let leaderless = st.code() == Code::FailedPrecondition && !st.details().is_empty();
-            let answered = !leaderless
-                && !matches!(
-                    st.code(),
-                    Code::Unavailable | Code::DeadlineExceeded | Code::Unknown | Code::Cancelled
-                );
-            book.set_reachable(answered);
-            if !answered {
-                book.counters.rpc_errors.fetch_add(1, Ordering::Relaxed);
-            }
-            tracing::warn!(domain = %v.domain, status = %st, "acquire failed");
-            let until = now.saturating_add(ms(s.error_backoff_ms));
-            if answered {
-                // Refused (bad key, unknown policy, cap reached): the allocator is up, so this
-                // is a denial for the backoff, never the failure mode.
-                v.protocol.record_denial(until);
-            } else {
-                v.protocol.record_failure(until);
-            }
+        })) => v
+            .protocol
+            .record_denial(now.saturating_add(ms(d.retry_after_ms.max(1)))),
+        // Already recorded as a failure of this key (failure mode until the backoff ends).
+        Answer::Unreachable(_) => {}
+        other => {
+            // Refused (bad key, unknown policy, cap reached) or an answer without a grant or
+            // denial: the allocator is up, so a denial for the backoff, never the failure mode.
+            tracing::warn!(domain = %v.domain, answer = ?other, "acquire refused");
+            v.protocol.record_denial(backoff_end);
         }
     }
 }
 
-/// The allocator answered that it no longer holds the allocation as live (expired, released,
-/// stale epoch, unknown id). A FAILED_PRECONDITION that carries details is a not-the-leader hint
-/// instead: the allocation may well be live, so it is kept and retried.
-fn fenced(s: &tonic::Status) -> bool {
-    matches!(s.code(), Code::FailedPrecondition | Code::NotFound) && s.details().is_empty()
+/// A Report's answer: the recorded spend, or drop a fenced allocation.
+fn applied_report(v: &KeyLease, a: &HeldAllocation, answer: Answer) {
+    match answer {
+        Answer::Done(Outcome::Report(r)) => {
+            v.protocol.record_reachable();
+            a.set_reported(r.recorded_spend);
+        }
+        Answer::Fenced => {
+            // The allocator no longer knows it as live (expired or fenced): stop.
+            tracing::warn!(allocation = a.id, "allocation fenced; dropping it");
+            v.protocol.remove(a.id);
+        }
+        other => tracing::debug!(allocation = a.id, answer = ?other, "report not recorded"),
+    }
+}
+
+/// A Release's answer: the allocation is gone, or kept to release again (unreachable).
+fn applied_release(v: &KeyLease, a: &HeldAllocation, answer: Answer) {
+    match answer {
+        Answer::Done(Outcome::Release(r)) => {
+            v.protocol.record_reachable();
+            // `close` is idempotent: the final spend the Release carried.
+            a.set_reported(a.close());
+            tracing::debug!(allocation = a.id, returned = r.returned, "released");
+            v.protocol.remove(a.id);
+        }
+        Answer::Fenced => v.protocol.remove(a.id),
+        other => tracing::debug!(allocation = a.id, answer = ?other, "release not recorded"),
+    }
+}
+
+/// A Decide's answer: the admitted cost becomes the key's credit for the waiting request; a
+/// denial is remembered until its retry time; an allocator without `Decide` turns central
+/// decisions off (the request then leases).
+fn applied_decide(book: &LeaseBook, v: &KeyLease, cost: Micros, answer: Answer, now: Nanos) {
+    let s = book.settings();
+    match answer {
+        Answer::Done(Outcome::Decide(d)) if d.allowed => {
+            v.protocol.record_reachable();
+            // Usable for the drift margin: the waiting request re-decides at once.
+            v.protocol
+                .add_credit(cost, now.saturating_add(ms(s.drift_margin_ms.max(1))));
+        }
+        Answer::Done(Outcome::Decide(d)) => {
+            let wait = if d.never {
+                s.retry_floor_ms
+            } else {
+                d.retry_after_ms.max(1)
+            };
+            v.protocol.record_denial(now.saturating_add(ms(wait)));
+        }
+        Answer::Unsupported => book.central_unsupported(),
+        Answer::Unreachable(_) => {}
+        other => {
+            tracing::warn!(domain = %v.domain, answer = ?other, "decide refused");
+            v.protocol
+                .record_denial(now.saturating_add(ms(s.error_backoff_ms)));
+        }
+    }
 }

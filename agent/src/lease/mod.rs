@@ -1,11 +1,17 @@
-//! Leased enforcement of `scope: global` limits: allocations held per key, spent on the hot path
-//! with atomics ([`book`]), acquired, reported and released in the background ([`manager`]).
+//! Enforcement of `scope: global` limits: allocations held per key, spent on the hot path with
+//! atomics ([`book`]); where each key stands with the allocator ([`protocol`]); central
+//! decisions for sparse keys and leases for busy ones ([`demand`]); acquired, reported,
+//! released and decided in the background ([`manager`]), one `Batch` call at a time
+//! ([`dispatch`]), backing off with jitter ([`backoff`]).
 
 pub mod allocation;
+pub mod backoff;
 pub mod book;
 pub mod charge;
 pub mod client;
 pub mod close;
+pub mod demand;
+pub mod dispatch;
 pub mod manager;
 pub mod protocol;
 pub mod settings;

@@ -14,17 +14,21 @@
 //! - **unreachable until t**: the last call *for this key* failed (or has been outstanding
 //!   longer than the wait bound); decisions follow the rule's failure mode until t.
 //!
+//! Orthogonally, a key is **central** (each request decided by the allocator's `Decide`, one
+//! round trip, exact: the allocator debits before the agent admits) or **leased** (promoted:
+//! decided locally from allocations); see [`demand`](super::demand) for when it moves.
+//!
 //! Every field is private: the lease manager installs allocations and records denials and
 //! failures through methods; the decision path reads [`KeyProtocol::standing`] and spends from
-//! [`KeyProtocol::held`].
+//! [`KeyProtocol::held`] or the central credit.
 
 use super::allocation::HeldAllocation;
 use allot_common::units::{Micros, Nanos};
-use parking_lot::{RwLock, RwLockReadGuard};
+use parking_lot::{Mutex, MutexGuard, RwLock, RwLockReadGuard};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use tokio::sync::futures::Notified;
-use tokio::sync::{Mutex, MutexGuard, Notify};
+use tokio::sync::Notify;
 
 /// What a decision that found nothing to spend does next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,6 +65,13 @@ pub struct KeyProtocol {
     waiting: AtomicU64,
     /// Signalled when a call for this key finishes (granted, denied or failed).
     ready: Notify,
+    /// Leased (promoted) rather than decided centrally by the allocator (issue 9 item 2).
+    leased: AtomicBool,
+    /// Microtokens the allocator admitted by central decisions not yet spent by the requests
+    /// that asked for them ([`take_credit`](Self::take_credit)).
+    credit: AtomicU64,
+    /// The credit is void from this time, ns: a central admission is used at once or never.
+    credit_until: AtomicU64,
 }
 
 impl KeyProtocol {
@@ -77,9 +88,55 @@ impl KeyProtocol {
 
     /// Takes the write lock of the allocation list; hold it across a read-modify-write of the
     /// list ([`replace`](Self::replace)) so concurrent manager tasks do not lose each other's
-    /// changes.
-    pub async fn lock_writes(&self) -> MutexGuard<'_, ()> {
-        self.write.lock().await
+    /// changes. Never held across an await.
+    pub fn lock_writes(&self) -> MutexGuard<'_, ()> {
+        self.write.lock()
+    }
+
+    /// Drops the allocation `id` from the list (released or fenced).
+    pub fn remove(&self, id: u64) {
+        let w = self.write.lock();
+        let next: Vec<Arc<HeldAllocation>> = self
+            .allocations()
+            .iter()
+            .filter(|a| a.id != id)
+            .cloned()
+            .collect();
+        self.replace(&w, next);
+    }
+
+    /// Whether the key is leased (else its decisions are central).
+    #[inline]
+    pub fn is_leased(&self) -> bool {
+        self.leased.load(Ordering::Relaxed)
+    }
+
+    /// Promotes the key to leases (`true`) or demotes it to central decisions (`false`);
+    /// returns whether that changed anything.
+    pub fn set_leased(&self, leased: bool) -> bool {
+        self.leased.swap(leased, Ordering::AcqRel) != leased
+    }
+
+    /// Adds `micros` the allocator admitted centrally, usable until `until` (ns).
+    pub fn add_credit(&self, micros: Micros, until: Nanos) {
+        self.credit_until.fetch_max(until, Ordering::AcqRel);
+        let _ = self
+            .credit
+            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |c| {
+                Some(c.saturating_add(micros))
+            });
+    }
+
+    /// Spends `cost` of the central credit at `now`; false when it does not cover it (a void
+    /// credit is dropped: tokens the allocator debited and nobody used are lost, never late).
+    pub fn take_credit(&self, cost: Micros, now: Nanos) -> bool {
+        if now >= self.credit_until.load(Ordering::Acquire) {
+            self.credit.store(0, Ordering::Release);
+            return false;
+        }
+        self.credit
+            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |c| c.checked_sub(cost))
+            .is_ok()
     }
 
     /// Replaces the allocation list; the caller holds [`lock_writes`](Self::lock_writes).
@@ -175,8 +232,8 @@ impl KeyProtocol {
     /// Installs a granted allocation and ends the call: the key is warm. Expired allocations
     /// stay until maintenance releases them, since the allocator returns their unspent tokens
     /// only at a Release (issue 10 item 14).
-    pub async fn install(&self, a: Arc<HeldAllocation>) {
-        let w = self.write.lock().await;
+    pub fn install(&self, a: Arc<HeldAllocation>) {
+        let w = self.write.lock();
         let mut next: Vec<Arc<HeldAllocation>> = self.allocations().iter().cloned().collect();
         next.push(a);
         self.replace(&w, next);
@@ -271,6 +328,25 @@ mod tests {
         assert_eq!(p.take_waiting(), u64::MAX);
     }
 
+    #[test]
+    fn central_credit_is_spent_once_and_void_after_its_time() {
+        let p = KeyProtocol::default();
+        assert!(!p.take_credit(1, 0));
+        p.add_credit(3, 10);
+        assert!(p.take_credit(2, 9));
+        assert!(!p.take_credit(2, 9), "only 1 left");
+        assert!(!p.take_credit(1, 10), "void at its time");
+        assert!(!p.take_credit(1, 5), "and dropped");
+        p.add_credit(u64::MAX, u64::MAX);
+        p.add_credit(1, 0);
+        assert!(
+            p.take_credit(u64::MAX, u64::MAX - 1),
+            "saturated, not wrapped"
+        );
+        assert!(!p.is_leased());
+        assert!(p.set_leased(true) && !p.set_leased(true) && p.is_leased());
+    }
+
     #[tokio::test]
     async fn install_ends_the_call_clears_denials_and_keeps_finished_allocations() {
         let p = KeyProtocol::default();
@@ -280,7 +356,7 @@ mod tests {
         let owed = Arc::new(HeldAllocation::new(2, 1, 10, 5, 0, 1));
         assert!(owed.try_spend(4, 0));
         {
-            let w = p.lock_writes().await;
+            let w = p.lock_writes();
             p.replace(&w, vec![done, owed]);
         }
         assert!(p.begin_call(0));
@@ -288,10 +364,12 @@ mod tests {
         assert!(p.begin_call(3));
         let fresh = Arc::new(HeldAllocation::new(3, 1, 10, 50, 0, 1));
         let finished = p.finished();
-        p.install(fresh).await;
+        p.install(fresh);
         finished.await;
         let ids: Vec<u64> = p.allocations().iter().map(|a| a.id).collect();
         assert_eq!(ids, vec![1, 2, 3]);
+        p.remove(2);
+        assert_eq!(p.allocations().len(), 2);
         assert_eq!((p.denied_until(), p.in_flight()), (0, false));
     }
 }

@@ -1,6 +1,8 @@
 //! How an agent leases: identities, intervals, timeouts and the emergency bucket.
 
+use super::backoff::seed_for;
 use super::book::{emergency_params, ms};
+use super::demand::Thresholds;
 use allot_common::algorithm::{LimitParams, TokenBucket};
 use allot_common::units::Nanos;
 
@@ -31,6 +33,16 @@ pub struct LeaseSettings {
     pub error_backoff_ms: u64,
     /// A key with no allocation unused this long is forgotten, ms (default 60 000).
     pub idle_evict_ms: u64,
+    /// A central key is promoted to leases when it admits this many tokens within one lease
+    /// period at this agent (default 4; 0: every key is leased from first sight). See
+    /// [`demand`](super::demand).
+    pub promote_tokens: u64,
+    /// A leased key is demoted to central decisions when a whole lease period admits fewer
+    /// tokens than this at this agent (default 2; below `promote_tokens`).
+    pub demote_tokens: u64,
+    /// Seed of the jitter of the backoff after failed allocator calls (default: a hash of
+    /// `agent_id`, so agents of one fleet back off differently; tests fix it).
+    pub backoff_seed: u64,
 }
 
 impl LeaseSettings {
@@ -48,7 +60,22 @@ impl LeaseSettings {
             retry_floor_ms: 100,
             error_backoff_ms: 500,
             idle_evict_ms: 60_000,
+            promote_tokens: 4,
+            demote_tokens: 2,
+            backoff_seed: 0,
         }
+        .seeded()
+    }
+
+    /// The default backoff seed for this agent's id.
+    fn seeded(mut self) -> Self {
+        self.backoff_seed = seed_for(&self.agent_id);
+        self
+    }
+
+    /// Promotion and demotion thresholds.
+    pub fn thresholds(&self) -> Thresholds {
+        Thresholds::from_tokens(self.promote_tokens, self.demote_tokens)
     }
 
     /// `retry_floor_ms` in ns.

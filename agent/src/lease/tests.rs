@@ -37,14 +37,26 @@ struct Rig {
     events: mpsc::UnboundedReceiver<LeaseEvent>,
 }
 
+/// Runs an async enforcer call to completion (these tests have no runtime of their own).
+fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+        .block_on(f)
+}
+
+/// Every key leased from first sight (central decisions off): the lease path alone.
 fn rig() -> Rig {
+    let mut settings = LeaseSettings::new("gw1", "eu");
+    settings.promote_tokens = 0;
+    rig_with(settings)
+}
+
+fn rig_with(settings: LeaseSettings) -> Rig {
     let clock = ManualClock::new(1_000 * MS);
     let (tx, events) = mpsc::unbounded_channel();
-    let book = Arc::new(LeaseBook::new(
-        Arc::new(clock.clone()),
-        LeaseSettings::new("gw1", "eu"),
-        tx,
-    ));
+    let book = Arc::new(LeaseBook::new(Arc::new(clock.clone()), settings, tx));
     let config = ConfigSet::from_yaml(POLICY, Path::new("p.yaml")).unwrap();
     Rig {
         clock,
@@ -113,16 +125,8 @@ fn install(
         0,
         1,
     ));
-    block_on(kl.value.protocol.install(a.clone()));
+    kl.value.protocol.install(a.clone());
     a
-}
-
-/// Runs a protocol step that takes the allocation list's async write lock.
-fn block_on<F: std::future::Future>(f: F) -> F::Output {
-    tokio::runtime::Builder::new_current_thread()
-        .build()
-        .expect("runtime")
-        .block_on(f)
 }
 
 /// The key's lease state (it must have been seen).

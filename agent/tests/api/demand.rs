@@ -5,104 +5,18 @@
 //! bucket held in one place.
 
 use crate::support::*;
-use allot_agent::api::Gateway;
-use allot_common::config::ConfigSet;
-use allot_common::descriptor::{Descriptor, Entry, Request};
-use allot_common::limiter::{Code, Limiter, Outcome};
-use allot_common::units::Nanos;
-use std::path::Path;
+use allot_common::limiter::{Code, Outcome};
 use std::sync::atomic::Ordering;
-use tokio::sync::watch;
 
-/// 10/s, burst 10; leases of 1 s (the fake's ttl) and at most 20 tokens.
-const POLICY: &str = "domain: api
-descriptors:
-  - key: tenant
-    rate_limit: {unit: second, requests_per_unit: 10, lease: {ttl_ms: 1000, max_grant: 20}, name: tenant-rps}
-";
-
-struct Demand {
-    rig: Rig,
-    fake: FakeAllocator,
-    _allocator: tokio::task::JoinHandle<()>,
-    stop: watch::Sender<bool>,
+/// [`Served`] by a fake allocator with `pool` tokens and 1 s leases, serving neither `Batch`
+/// nor `Decide` (as an allocator older than those calls): every key is leased.
+async fn demand(pool: u64) -> Served {
+    served(FakeAllocator::new(pool, 1_000)).await
 }
 
-impl Drop for Demand {
-    fn drop(&mut self) {
-        let _ = self.stop.send(true);
-    }
-}
-
-/// An agent on a manual clock leasing from a fake allocator with `pool` tokens and 1 s leases.
-async fn demand(pool: u64) -> Demand {
-    let fake = FakeAllocator::new(pool, 1_000);
-    let (addr, allocator) = fake.serve().await;
-    let mut rig = rig_with(POLICY, &[addr.to_string()], |s| {
-        s.report_interval_ms = 50;
-        s.cold_wait_ms = 5_000;
-        s.call_timeout_ms = 2_000;
-    });
-    let (stop, shutdown) = watch::channel(false);
-    rig.agent.spawn_background(shutdown);
-    Demand {
-        rig,
-        fake,
-        _allocator: allocator,
-        stop,
-    }
-}
-
-/// Decides one request of `cost` tokens for `tenant=value` through the agent's enforcer.
+/// Decides one request of `cost` tokens for `tenant=value`.
 async fn check(r: &Rig, value: &str, cost: u64) -> Outcome {
-    decide(&r.gateway, value, cost).await
-}
-
-/// [`check`] on a gateway.
-async fn decide(g: &Gateway, value: &str, cost: u64) -> Outcome {
-    let entries = [Entry {
-        key: "tenant",
-        value,
-    }];
-    let ds = [Descriptor {
-        entries: &entries,
-        hits_addend: Some(cost),
-    }];
-    let req = Request {
-        domain: "api",
-        descriptors: &ds,
-        hits_addend: None,
-    };
-    let mut statuses = Vec::new();
-    g.enforcer()
-        .decide(&req, &mut statuses)
-        .await
-        .expect("valid request")
-}
-
-/// How many of `arrivals` (agent times, ns) the ideal central counter admits: the decision
-/// core deciding every request of one key against one bucket.
-fn ideal_admitted(arrivals: &[Nanos]) -> usize {
-    let config = ConfigSet::from_yaml(POLICY, Path::new("p.yaml")).expect("policy");
-    let limiter = Limiter::new(config, arrivals[0]);
-    let entries = [Entry {
-        key: "tenant",
-        value: "ideal",
-    }];
-    let ds = [Descriptor {
-        entries: &entries,
-        hits_addend: None,
-    }];
-    let req = Request {
-        domain: "api",
-        descriptors: &ds,
-        hits_addend: None,
-    };
-    let mut st = Vec::new();
-    arrivals
-        .iter()
-        .filter(|t| limiter.decide(&req, **t, &mut st).expect("valid").code == Code::Ok)
-        .count()
+    decide_tenant(&r.gateway, value, Some(cost)).await
 }
 
 fn counter(r: &Rig, f: impl Fn(&allot_agent::lease::book::LeaseCounters) -> u64) -> u64 {
@@ -128,7 +42,7 @@ async fn a_quiet_key_is_admitted_after_every_idle_longer_than_the_lease() {
     }
     assert_eq!(
         admitted,
-        ideal_admitted(&arrivals),
+        ideal_admitted(TENANT, &arrivals),
         "as the central counter"
     );
     assert_eq!(counter(r, |c| c.cold_waits.load(Ordering::Relaxed)), 6);
@@ -137,6 +51,10 @@ async fn a_quiet_key_is_admitted_after_every_idle_longer_than_the_lease() {
     // One Acquire per request, and at most one prefetch after it (the low watermark).
     let acquires = d.fake.acquires.load(Ordering::Relaxed);
     assert!((6..=12).contains(&acquires), "{acquires} Acquires");
+    // This fake serves neither Batch nor Decide (an older allocator): Batch was tried once,
+    // then single calls; Decide once, then every key leased.
+    assert_eq!(d.fake.batches.load(Ordering::Relaxed), 1);
+    assert_eq!(d.fake.decides.load(Ordering::Relaxed), 1);
     let metrics = r.gateway.metrics().encode().expect("metrics");
     assert!(
         metrics.contains("allot_agent_lease_wait_seconds_count 6"),
@@ -170,9 +88,9 @@ async fn concurrent_requests_of_a_key_share_one_call() {
     let mut tasks = Vec::new();
     for _ in 0..8 {
         let g = gateway.clone();
-        tasks.push(tokio::spawn(
-            async move { decide(&g, "shared", 1).await.code },
-        ));
+        tasks.push(tokio::spawn(async move {
+            decide_tenant(&g, "shared", None).await.code
+        }));
     }
     let book = d.rig.gateway.enforcer().book().clone();
     assert!(eventually(10, || book.counters.cold_waits.load(Ordering::Relaxed) == 8).await);

@@ -5,6 +5,7 @@
 
 mod support;
 
+mod batching;
 mod demand;
 mod http;
 mod leased;

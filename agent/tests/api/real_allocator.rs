@@ -229,6 +229,9 @@ impl RealAgent {
         lease.report_interval_ms = 50;
         lease.cold_wait_ms = 5_000;
         lease.call_timeout_ms = 1_000;
+        // These tests exercise the lease path against real allocators: every key is leased
+        // from first sight (central decisions are tested against the fake, `demand.rs`).
+        lease.promote_tokens = 0;
         tune(&mut lease);
         let mut agent = Agent::build(config, lease, GatewaySettings::default(), allocators, clock)
             .expect("agent builds");
@@ -1053,4 +1056,53 @@ async fn two_agents_of_one_region_spend_the_last_token() {
     assert_eq!(seen, vec![4, 1], "gw-1 its grant of 4, gw-2 the last token");
     assert!(acquires <= 6, "{acquires} Acquires for 5 tokens");
     nodes.stop_all().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Central decisions and promotion against a real allocator (issue 9 items 2–3)
+// ---------------------------------------------------------------------------------------------
+
+/// With the default thresholds, a sparse key is decided by the real allocator's `Decide`
+/// (sent in a `Batch`): each admission debits exactly its cost from the global bucket, adds
+/// nothing to the agent's overshoot bound, and no allocation exists; at 4 tokens within one
+/// lease period the key is promoted and leases (one Acquire), deciding locally after that.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sparse_keys_are_decided_centrally_then_promoted_to_leases() {
+    let alloc_clock = AllocatorManualClock::new(T0_MS);
+    let nodes = Allocators::start(1, &[("one", ONE)], Arc::new(alloc_clock.clone())).await;
+    let clock = ManualClock::new(1_000 * S);
+    let agent = RealAgent::start(
+        ONE,
+        "gw-central",
+        "eu",
+        &[nodes.addr(1)],
+        Arc::new(clock.clone()),
+        |s| s.promote_tokens = 4,
+    );
+    for i in 0..3 {
+        assert_eq!(agent.decide("one", "bulk", "c").await.code, Code::Ok, "{i}");
+    }
+    assert_eq!(agent.counter(|c| &c.central_admits), 3);
+    assert_eq!(agent.counter(|c| &c.acquires), 0);
+    assert!(
+        agent.counter(|c| &c.calls) <= 3,
+        "one call per lone request"
+    );
+    assert!(agent.held("one", 0, "bulk", "c").is_empty());
+    assert_eq!(agent.book().overshoot_bound(), 0);
+    let status = nodes.read(1, |l| l.status(&policy_key("one", "bulk", "c"), T0_MS));
+    assert_eq!(
+        status.expect("status").bucket_tokens,
+        97 * T,
+        "burst 100, exactly 3 debited"
+    );
+    // The fourth central admission promotes; the fifth request leases.
+    assert_eq!(agent.decide("one", "bulk", "c").await.code, Code::Ok);
+    assert_eq!(agent.counter(|c| &c.promotions), 1);
+    for _ in 0..10 {
+        assert_eq!(agent.decide("one", "bulk", "c").await.code, Code::Ok);
+    }
+    assert_eq!(agent.counter(|c| &c.acquires), 1);
+    assert_eq!(agent.counter(|c| &c.central_admits), 4);
+    assert_eq!(agent.held("one", 0, "bulk", "c").len(), 1);
 }

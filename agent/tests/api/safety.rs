@@ -226,7 +226,7 @@ async fn install(r: &Rig, value: &str, id: u64, granted: u64, ttl_ms: u64) -> Ar
         0,
         1,
     ));
-    kl.value.protocol.install(a.clone()).await;
+    kl.value.protocol.install(a.clone());
     a
 }
 

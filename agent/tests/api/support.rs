@@ -180,6 +180,14 @@ pub struct FakeAllocator {
     pub gate: Arc<tokio::sync::RwLock<()>>,
     /// Descriptor values whose Acquires fail as UNAVAILABLE (reachability is per key).
     pub failing: Arc<Mutex<HashSet<String>>>,
+    /// Serves `Batch` (else UNIMPLEMENTED, as an allocator older than the call).
+    pub serve_batch: Arc<std::sync::atomic::AtomicBool>,
+    /// Serves `Decide` from the pool (else UNIMPLEMENTED).
+    pub serve_decide: Arc<std::sync::atomic::AtomicBool>,
+    /// `Batch` calls answered (served or not).
+    pub batches: Arc<AtomicU64>,
+    /// Decide items and calls answered (served or not).
+    pub decides: Arc<AtomicU64>,
     next_id: Arc<AtomicU64>,
 }
 
@@ -196,6 +204,10 @@ impl FakeAllocator {
             wants: Arc::default(),
             gate: Arc::default(),
             failing: Arc::default(),
+            serve_batch: Arc::default(),
+            serve_decide: Arc::default(),
+            batches: Arc::default(),
+            decides: Arc::default(),
             next_id: Arc::new(AtomicU64::new(1)),
         }
     }
@@ -308,16 +320,81 @@ impl Allocator for FakeAllocator {
 
     async fn decide(
         &self,
-        _req: Request<pb::DecideRequest>,
+        r: Request<pb::DecideRequest>,
     ) -> Result<Response<pb::DecideResponse>, Status> {
-        Err(Status::unimplemented("Decide: not yet served"))
+        self.check_up()?;
+        self.decides.fetch_add(1, Ordering::Relaxed);
+        if !self.serve_decide.load(Ordering::SeqCst) {
+            return Err(Status::unimplemented("Decide: not served"));
+        }
+        let cost = r.get_ref().cost;
+        let allowed = self
+            .pool
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |p| p.checked_sub(cost))
+            .is_ok();
+        Ok(Response::new(pb::DecideResponse {
+            allowed,
+            remaining: self.pool.load(Ordering::SeqCst),
+            retry_after_ms: if allowed { 0 } else { 2_000 },
+            never: false,
+            reason: if allowed {
+                String::new()
+            } else {
+                "bucket empty".into()
+            },
+            policy_version: 1,
+        }))
     }
 
     async fn batch(
         &self,
-        _req: Request<pb::BatchRequest>,
+        r: Request<pb::BatchRequest>,
     ) -> Result<Response<pb::BatchResponse>, Status> {
-        Err(Status::unimplemented("Batch: not yet served"))
+        self.check_up()?;
+        self.batches.fetch_add(1, Ordering::Relaxed);
+        if !self.serve_batch.load(Ordering::SeqCst) {
+            return Err(Status::unimplemented("Batch: not served"));
+        }
+        use pb::batch_item::Op;
+        use pb::batch_result::Outcome;
+        let mut results = Vec::new();
+        for item in r.into_inner().items {
+            let outcome = match item.op {
+                Some(Op::Acquire(a)) => self
+                    .acquire(Request::new(a))
+                    .await
+                    .map(|r| Outcome::Acquire(r.into_inner())),
+                Some(Op::Report(a)) => self
+                    .report(Request::new(a))
+                    .await
+                    .map(|r| Outcome::Report(r.into_inner())),
+                Some(Op::Release(a)) => self
+                    .release(Request::new(a))
+                    .await
+                    .map(|r| Outcome::Release(r.into_inner())),
+                Some(Op::Decide(a)) => self
+                    .decide(Request::new(a))
+                    .await
+                    .map(|r| Outcome::Decide(r.into_inner())),
+                None => Err(Status::invalid_argument("empty item")),
+            };
+            let outcome = outcome.unwrap_or_else(|s| {
+                // Per item, a failing key reads as an overloaded allocator: retry later.
+                let reason = match s.code() {
+                    tonic::Code::Unavailable => pb::ErrorReason::Overloaded,
+                    _ => pb::ErrorReason::BadInput,
+                };
+                Outcome::Error(pb::ErrorDetail {
+                    reason: reason as i32,
+                    message: s.message().to_string(),
+                    ..Default::default()
+                })
+            });
+            results.push(pb::BatchResult {
+                outcome: Some(outcome),
+            });
+        }
+        Ok(Response::new(pb::BatchResponse { results }))
     }
 
     async fn status(
@@ -379,4 +456,96 @@ pub async fn eventually(secs: u64, mut cond: impl FnMut() -> bool) -> bool {
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
     cond()
+}
+
+/// Binds `$req` to a one-descriptor request of domain `api` for `tenant=$value` costing
+/// `$cost` (`Option<u64>` tokens); the entries live in the caller's scope.
+macro_rules! tenant_request {
+    ($req:ident, $value:expr, $cost:expr) => {
+        let entries = [allot_common::descriptor::Entry {
+            key: "tenant",
+            value: $value,
+        }];
+        let ds = [allot_common::descriptor::Descriptor {
+            entries: &entries,
+            hits_addend: $cost,
+        }];
+        let $req = allot_common::descriptor::Request {
+            domain: "api",
+            descriptors: &ds,
+            hits_addend: None,
+        };
+    };
+}
+pub(crate) use tenant_request;
+
+/// 10/s, burst 10, on `tenant`; leases of 1 s (the fakes' ttl) and at most 20 tokens.
+pub const TENANT: &str = "domain: api
+descriptors:
+  - key: tenant
+    rate_limit: {unit: second, requests_per_unit: 10, lease: {ttl_ms: 1000, max_grant: 20}, name: tenant-rps}
+";
+
+/// An agent on a manual clock with policy [`TENANT`], its background running, and the fake
+/// allocator it leases from; stopped on drop.
+pub struct Served {
+    pub rig: Rig,
+    pub fake: FakeAllocator,
+    _allocator: JoinHandle<()>,
+    stop: watch::Sender<bool>,
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.stop.send(true);
+    }
+}
+
+/// [`Served`] by `fake` (reports every 50 ms, waits up to 5 s, calls time out after 2 s).
+pub async fn served(fake: FakeAllocator) -> Served {
+    let (addr, allocator) = fake.serve().await;
+    let mut rig = rig_with(TENANT, &[addr.to_string()], |s| {
+        s.report_interval_ms = 50;
+        s.cold_wait_ms = 5_000;
+        s.call_timeout_ms = 2_000;
+    });
+    let (stop, shutdown) = watch::channel(false);
+    rig.agent.spawn_background(shutdown);
+    Served {
+        rig,
+        fake,
+        _allocator: allocator,
+        stop,
+    }
+}
+
+/// Decides one request of `cost` tokens for `tenant=value` through the gateway's enforcer.
+pub async fn decide_tenant(
+    g: &Gateway,
+    value: &str,
+    cost: Option<u64>,
+) -> allot_common::limiter::Outcome {
+    tenant_request!(req, value, cost);
+    let mut statuses = Vec::new();
+    g.enforcer()
+        .decide(&req, &mut statuses)
+        .await
+        .expect("valid request")
+}
+
+/// How many requests of one token for one tenant, arriving at `arrivals` (ns), the ideal
+/// central counter admits: the decision core with the policy's bucket held in one place.
+pub fn ideal_admitted(policy: &str, arrivals: &[u64]) -> usize {
+    let config = ConfigSet::from_yaml(policy, Path::new("p.yaml")).expect("policy");
+    let limiter =
+        allot_common::limiter::Limiter::new(config, arrivals.first().copied().unwrap_or(0));
+    tenant_request!(req, "ideal", None);
+    let mut st = Vec::new();
+    arrivals
+        .iter()
+        .filter(|t| {
+            let o = limiter.decide(&req, **t, &mut st).expect("valid");
+            o.code == allot_common::limiter::Code::Ok
+        })
+        .count()
 }
