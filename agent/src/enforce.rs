@@ -360,7 +360,7 @@ impl Enforcer {
             self.refund_in(&current, req, &unused, now)?;
         }
         for c in &charges {
-            c.refund(&self.book, c.micros, now);
+            c.refund(c.micros, now);
         }
         let wait = RetryAfter::After(self.settings().retry_floor_ns());
         if let Some(s) = statuses.get_mut(denied) {

@@ -33,7 +33,7 @@ pub fn settle_charges(
                 return 0;
             }
             if let Some(c) = verdict.charges.iter().find(|c| c.descriptor == i) {
-                c.refund(enforcer.book(), micros, now);
+                c.refund(micros, now);
                 return 0;
             }
             let (Some(charged), Some(d), Some(dom)) =

@@ -9,10 +9,11 @@
 use super::allocation::HeldAllocation;
 use super::charge::ChargeLog;
 use super::demand::{DemandWindow, Thresholds};
+use super::key_rule::{FollowingBucket, KeyRule, LeaseSizing};
 use super::protocol::{KeyProtocol, Standing};
 use super::settings::LeaseSettings;
 use crate::metrics::WaitHistogram;
-use allot_common::algorithm::{LimitParams, Rate, RateAlgorithm, TokenBucket, TokenBucketState};
+use allot_common::algorithm::{LimitParams, Rate, RateAlgorithm, TokenBucket};
 use allot_common::clock::Clock;
 use allot_common::config::{FailureMode, Rule, RuleLimit, Scope};
 use allot_common::decision::{Decision, RetryAfter};
@@ -50,17 +51,12 @@ pub struct KeyLease {
     pub rule_id: String,
     /// Rule name (policy id in answers).
     pub rule_name: String,
-    /// The rule's limit parameters when the key was first seen.
-    pub params: LimitParams,
-    /// Failure mode of the rule.
-    pub failure_mode: FailureMode,
-    /// Largest grant the allocator makes for this rule, microtokens.
-    pub max_grant: Micros,
+    /// Max grant and TTL of the newest rule seen for the key, for the lease manager (a
+    /// decision reads its own rule: [`KeyRule`]).
+    pub sizing: LeaseSizing,
     /// Where the key stands with the allocator: allocations, call in flight, denial,
     /// reachability, waiting cost ([`KeyProtocol`]).
     pub protocol: KeyProtocol,
-    /// Lease length the rule asks for, ms (to size wants from demand).
-    pub ttl_ms: u64,
     /// Microtokens admitted for this key in total (allocations and emergency), for demand.
     pub admitted: AtomicU64,
     /// `admitted` at the previous maintenance pass.
@@ -69,10 +65,9 @@ pub struct KeyLease {
     pub demand_per_s: AtomicU64,
     /// Microtokens admitted from the emergency bucket while the allocator was unreachable.
     pub emergency_admitted: AtomicU64,
-    emergency: Mutex<Option<TokenBucketState>>,
-    /// The rule's local fuse, when configured.
-    pub fuse: Option<TokenBucket>,
-    fuse_state: Mutex<Option<TokenBucketState>>,
+    emergency: FollowingBucket,
+    /// State of the rule's local fuse, when configured.
+    fuse: FollowingBucket,
     /// Last decision time, ns (idle eviction).
     pub last_used: AtomicU64,
     /// The window in which promotion and demotion are measured ([`demand`](super::demand)).
@@ -308,7 +303,11 @@ impl LeaseBook {
                 .iter()
                 .map(|r| {
                     leased(r).then(|| {
-                        let t = by_rule.get(&r.id).cloned().unwrap_or_default();
+                        let t: Arc<ShardedTable<KeyLease>> =
+                            by_rule.get(&r.id).cloned().unwrap_or_default();
+                        // Keys kept across the change size their leases by the new rule.
+                        let rule = KeyRule::of(r);
+                        t.for_each(|k| k.value.sizing.follow(&rule));
                         next_by_rule.insert(r.id.clone(), t.clone());
                         t
                     })
@@ -432,19 +431,21 @@ impl LeaseBook {
         now: Nanos,
         mode: Mode,
     ) -> GlobalDecision<LeaseReservation> {
-        // Capacity from the rule as configured now (a key's own parameters are those of the
-        // config it was first seen under): a cost that can never pass is refused before any
-        // allocation is looked at, warm key or cold.
+        // Capacity from the rule as configured now: a cost that can never pass is refused
+        // before any allocation is looked at, warm key or cold.
         let capacity = match key.rule.limit {
             RuleLimit::Limited { params, .. } => params.capacity(),
             RuleLimit::Unlimited => Micros::MAX,
         };
+        // Every setting comes from the rule deciding now (seed §28), not from the config the
+        // key was first seen under.
+        let rule = KeyRule::of(key.rule);
         Self::with_key(tables, &key, now, |kl| {
             if cost > capacity {
                 kl.value.last_used.store(now, Ordering::Relaxed);
                 return denied(kl.value.remaining(now), RetryAfter::Never, false);
             }
-            self.decide_key(kl, cost, now, mode)
+            self.decide_key(kl, &rule, cost, now, mode)
         })
         // A rule that is not leased never reaches here; deny rather than admit unlimited.
         .unwrap_or_else(|| denied(0, RetryAfter::After(self.settings.retry_floor_ns()), false))
@@ -456,19 +457,20 @@ impl LeaseBook {
     fn decide_key(
         &self,
         kl: &Arc<Keyed<KeyLease>>,
+        rule: &KeyRule,
         cost: Micros,
         now: Nanos,
         mode: Mode,
     ) -> GlobalDecision<LeaseReservation> {
         let v = &kl.value;
-        if mode != Mode::Peek && v.fuse.is_none() {
+        if mode != Mode::Peek && rule.fuse.is_none() {
             let allocs = v.protocol.held();
             if let Some(a) = allocs.iter().find(|a| a.try_spend(cost, now)) {
                 v.last_used.store(now, Ordering::Relaxed);
-                return self.admitted(kl, &allocs, a, cost, now, mode, false);
+                return self.admitted(kl, rule, &allocs, a, cost, now, mode, false);
             }
         }
-        self.decide_slow(kl, cost, now, mode)
+        self.decide_slow(kl, rule, cost, now, mode)
     }
 
     /// Bookkeeping of a decision that spent `cost` from `a` (one of `allocs`, the key's list).
@@ -477,6 +479,7 @@ impl LeaseBook {
     fn admitted(
         &self,
         kl: &Arc<Keyed<KeyLease>>,
+        rule: &KeyRule,
         allocs: &[Arc<HeldAllocation>],
         a: &Arc<HeldAllocation>,
         cost: Micros,
@@ -488,11 +491,12 @@ impl LeaseBook {
         v.admitted.fetch_add(cost, Ordering::Relaxed);
         self.counters.leased_admits.fetch_add(1, Ordering::Relaxed);
         let remaining: Micros = allocs.iter().map(|a| a.remaining(now)).sum();
-        if remaining < self.low_watermark(v) {
+        if remaining < percent_of(rule.max_grant, self.settings.low_watermark_pct) {
+            v.sizing.follow(rule);
             self.request_lease(kl, now);
         }
         GlobalDecision {
-            decision: allowed(remaining, v),
+            decision: allowed(remaining, &rule.params),
             reservation: (mode == Mode::Reserve)
                 .then(|| LeaseReservation::Allocation(a.clone(), cost, fused.then(|| kl.clone()))),
             cold: false,
@@ -509,6 +513,7 @@ impl LeaseBook {
     fn decide_slow(
         &self,
         kl: &Arc<Keyed<KeyLease>>,
+        rule: &KeyRule,
         cost: Micros,
         now: Nanos,
         mode: Mode,
@@ -516,13 +521,12 @@ impl LeaseBook {
         let take = mode != Mode::Peek;
         let v = &kl.value;
         v.last_used.store(now, Ordering::Relaxed);
+        v.sizing.follow(rule);
         // The fuse first: a flood is rejected here, before it can drain allocations or ask
         // the allocator for more.
-        let fused = match (&v.fuse, take) {
+        let fused = match (rule.fuse, take) {
             (Some(f), true) => {
-                let mut g = v.fuse_state.lock();
-                let st = g.get_or_insert_with(|| f.initial_state(now));
-                let d = f.decide(st, now, cost);
+                let d = v.fuse.with(f, now, |f, st| f.decide(st, now, cost));
                 if !d.allowed {
                     self.counters.fuse_rejects.fetch_add(1, Ordering::Relaxed);
                     return denied(v.remaining(now), d.retry_after, false);
@@ -534,25 +538,25 @@ impl LeaseBook {
         let allocs = v.allocations();
         if take {
             if let Some(a) = allocs.iter().find(|a| a.try_spend(cost, now)) {
-                return self.admitted(kl, &allocs, a, cost, now, mode, fused);
+                return self.admitted(kl, rule, &allocs, a, cost, now, mode, fused);
             }
         } else if allocs.iter().any(|a| a.remaining(now) >= cost) {
             let remaining: Micros = allocs.iter().map(|a| a.remaining(now)).sum();
             return GlobalDecision {
-                decision: allowed(remaining, v),
+                decision: allowed(remaining, &rule.params),
                 reservation: None,
                 cold: false,
             };
         }
         if take && v.protocol.take_credit(cost, now) {
-            return self.admitted_centrally(kl, cost, now, mode, fused);
+            return self.admitted_centrally(kl, rule, cost, now, mode, fused);
         }
         if fused {
             // Not admitted after all: the fuse gets its token back.
             self.refund_fuse(v, cost);
         }
         let remaining: Micros = allocs.iter().map(|a| a.remaining(now)).sum();
-        self.nothing_held(kl, remaining, cost, now, take)
+        self.nothing_held(kl, rule, remaining, cost, now, take)
     }
 
     /// A decision for which the key holds nothing spendable: decided by where the key stands
@@ -560,6 +564,7 @@ impl LeaseBook {
     fn nothing_held(
         &self,
         kl: &Arc<Keyed<KeyLease>>,
+        rule: &KeyRule,
         remaining: Micros,
         cost: Micros,
         now: Nanos,
@@ -573,8 +578,8 @@ impl LeaseBook {
                 denied(remaining, RetryAfter::After(until - now), false)
             }
             Standing::Unreachable(until) => {
-                if v.failure_mode == FailureMode::Emergency {
-                    if let Some(d) = self.emergency(kl, cost, now, take) {
+                if rule.failure_mode == FailureMode::Emergency {
+                    if let Some(d) = self.emergency(kl, rule, cost, now, take) {
                         return d;
                     }
                 } else {
@@ -590,7 +595,7 @@ impl LeaseBook {
             Standing::Ask if self.is_central(v) => {
                 // The waiting request asks the allocator itself (`Enforcer`): one `Decide` of
                 // its own cost. A request already denied elsewhere (a peek) asks nothing.
-                let wait = time_for(cost, v.params).max(self.settings.retry_floor_ns());
+                let wait = time_for(cost, rule.params).max(self.settings.retry_floor_ns());
                 denied(remaining, RetryAfter::After(wait), take)
             }
             Standing::Ask => {
@@ -598,7 +603,7 @@ impl LeaseBook {
                 self.counters.cold_misses.fetch_add(1, Ordering::Relaxed);
                 v.protocol.add_waiting(cost);
                 self.request_lease(kl, now);
-                let wait = time_for(cost, v.params).max(self.settings.retry_floor_ns());
+                let wait = time_for(cost, rule.params).max(self.settings.retry_floor_ns());
                 denied(remaining, RetryAfter::After(wait), true)
             }
         }
@@ -610,6 +615,7 @@ impl LeaseBook {
     fn admitted_centrally(
         &self,
         kl: &Arc<Keyed<KeyLease>>,
+        rule: &KeyRule,
         cost: Micros,
         now: Nanos,
         mode: Mode,
@@ -621,7 +627,7 @@ impl LeaseBook {
             .fetch_add(cost, Ordering::Relaxed)
             .saturating_add(cost);
         self.counters.central_admits.fetch_add(1, Ordering::Relaxed);
-        let period = ms(v.ttl_ms.max(1));
+        let period = ms(rule.ttl_ms.max(1));
         if v.demand
             .promote_due(now, period, total, cost, self.thresholds)
             && v.protocol.set_leased(true)
@@ -630,7 +636,7 @@ impl LeaseBook {
             self.counters.promotions.fetch_add(1, Ordering::Relaxed);
         }
         GlobalDecision {
-            decision: allowed(0, v),
+            decision: allowed(0, &rule.params),
             reservation: (mode == Mode::Reserve)
                 .then(|| LeaseReservation::Central(kl.clone(), cost, fused)),
             cold: false,
@@ -642,17 +648,21 @@ impl LeaseBook {
     fn emergency(
         &self,
         kl: &Arc<Keyed<KeyLease>>,
+        rule: &KeyRule,
         cost: Micros,
         now: Nanos,
         take: bool,
     ) -> Option<GlobalDecision<LeaseReservation>> {
         let v = &kl.value;
-        let bucket = self.settings.emergency_bucket(&v.params)?;
-        let mut g = v.emergency.lock();
-        let st = g.get_or_insert_with(|| bucket.initial_state(now));
-        let d = bucket.check(st, now, cost);
+        let bucket = self.settings.emergency_bucket(&rule.params)?;
+        let d = v.emergency.with(bucket, now, |bucket, st| {
+            let d = bucket.check(st, now, cost);
+            if d.allowed && take {
+                bucket.spend(st, now, cost);
+            }
+            d
+        });
         if d.allowed && take {
-            bucket.spend(st, now, cost);
             v.emergency_admitted.fetch_add(cost, Ordering::Relaxed);
             v.admitted.fetch_add(cost, Ordering::Relaxed);
             self.counters
@@ -672,13 +682,7 @@ impl LeaseBook {
     }
 
     fn refund_fuse(&self, v: &KeyLease, cost: Micros) {
-        if let (Some(f), Some(st)) = (&v.fuse, v.fuse_state.lock().as_mut()) {
-            f.refund(st, self.clock.now(), cost);
-        }
-    }
-
-    fn low_watermark(&self, v: &KeyLease) -> Micros {
-        percent_of(v.max_grant, self.settings.low_watermark_pct)
+        v.fuse.refund(self.clock.now(), cost);
     }
 }
 
@@ -696,17 +700,6 @@ pub fn leased(r: &Rule) -> bool {
 }
 
 fn new_key(key: &GlobalKey<'_>, now: Nanos) -> KeyLease {
-    let params = match key.rule.limit {
-        RuleLimit::Limited { params, .. } => params,
-        // `key` is only called for leased rules, which are limited.
-        RuleLimit::Unlimited => LimitParams::TokenBucket {
-            capacity: MICROS_PER_TOKEN,
-            rate: Rate {
-                micros: MICROS_PER_TOKEN,
-                per_ns: 1,
-            },
-        },
-    };
     KeyLease {
         domain: key.domain.to_string(),
         entries: key
@@ -716,23 +709,14 @@ fn new_key(key: &GlobalKey<'_>, now: Nanos) -> KeyLease {
             .collect(),
         rule_id: key.rule.id.clone(),
         rule_name: key.rule.name.clone(),
-        params,
-        failure_mode: key.rule.failure_mode,
-        max_grant: key.rule.lease.max_grant,
+        sizing: LeaseSizing::new(&KeyRule::of(key.rule)),
         protocol: KeyProtocol::default(),
-        ttl_ms: key.rule.lease.ttl_ms,
         admitted: AtomicU64::new(0),
         prev_admitted: AtomicU64::new(0),
         demand_per_s: AtomicU64::new(0),
         emergency_admitted: AtomicU64::new(0),
-        emergency: Mutex::new(None),
-        fuse: match key.rule.fuse {
-            Some(LimitParams::TokenBucket { capacity, rate }) => {
-                Some(TokenBucket { capacity, rate })
-            }
-            _ => None,
-        },
-        fuse_state: Mutex::new(None),
+        emergency: FollowingBucket::default(),
+        fuse: FollowingBucket::default(),
         last_used: AtomicU64::new(now),
         demand: {
             let w = DemandWindow::default();
@@ -763,11 +747,11 @@ fn time_for(cost: Micros, p: LimitParams) -> Nanos {
     u64::try_from(ns).unwrap_or(u64::MAX)
 }
 
-fn allowed(remaining: Micros, v: &KeyLease) -> Decision {
+fn allowed(remaining: Micros, params: &LimitParams) -> Decision {
     Decision {
         allowed: true,
         remaining_micros: remaining,
-        reset_after: time_for(v.params.capacity().saturating_sub(remaining), v.params),
+        reset_after: time_for(params.capacity().saturating_sub(remaining), *params),
         retry_after: RetryAfter::Now,
     }
 }
@@ -837,12 +821,7 @@ impl GlobalLimits for LeaseView<'_> {
 impl KeyLease {
     /// Gives back up to `micros` of this key's emergency admissions (a cancel or a settled
     /// refund) to its emergency bucket; returns what came back (never more than admitted).
-    pub(crate) fn give_back_emergency(
-        &self,
-        book: &LeaseBook,
-        micros: Micros,
-        now: Nanos,
-    ) -> Micros {
+    pub(crate) fn give_back_emergency(&self, micros: Micros, now: Nanos) -> Micros {
         let mut back = 0;
         let _ = self
             .emergency_admitted
@@ -850,11 +829,7 @@ impl KeyLease {
                 back = x.min(micros);
                 Some(x - back)
             });
-        if let Some(bucket) = book.settings.emergency_bucket(&self.params) {
-            if let Some(st) = self.emergency.lock().as_mut() {
-                bucket.refund(st, now, back);
-            }
-        }
+        self.emergency.refund(now, back);
         back
     }
 }
@@ -878,7 +853,7 @@ impl LeaseBook {
                 }
             }
             LeaseReservation::Emergency(kl, cost) => {
-                kl.value.give_back_emergency(self, cost, self.clock.now());
+                kl.value.give_back_emergency(cost, self.clock.now());
             }
         }
     }

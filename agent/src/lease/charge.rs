@@ -9,7 +9,7 @@
 //! reservation keeps them as [`Charged`] per descriptor.
 
 use super::allocation::HeldAllocation;
-use super::book::{KeyLease, LeaseBook, LeaseReservation};
+use super::book::{KeyLease, LeaseReservation};
 use allot_common::descriptor::{Entry, Request, MAX_DESCRIPTORS};
 use allot_common::keyed::Keyed;
 use allot_common::units::{Micros, Nanos};
@@ -48,13 +48,13 @@ impl Charged {
     /// place charged, if it is still live at `now`; returns what came back. An allocation takes
     /// back only spend it has not committed to a report or release
     /// ([`HeldAllocation::unspend`]); the emergency bucket only admissions not yet reported.
-    pub fn refund(&self, book: &LeaseBook, micros: Micros, now: Nanos) -> Micros {
+    pub fn refund(&self, micros: Micros, now: Nanos) -> Micros {
         let want = micros.min(self.micros);
         let v = &self.key.value;
         let back = match &self.charge {
             Charge::Allocation(a) if a.is_live(now) => a.unspend(want),
             Charge::Allocation(_) => 0,
-            Charge::Emergency => v.give_back_emergency(book, want, now),
+            Charge::Emergency => v.give_back_emergency(want, now),
             Charge::Central => 0,
         };
         saturating_sub(&v.admitted, back);

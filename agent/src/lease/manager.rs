@@ -207,7 +207,7 @@ impl LeaseManager {
         if self.book.is_central(v) {
             return;
         }
-        let period = ms(v.ttl_ms.max(1));
+        let period = ms(v.sizing.ttl_ms().max(1));
         let admitted = v.admitted.load(Ordering::Relaxed);
         let thresholds = self.book.thresholds();
         if !thresholds.always_leased() && v.demand.demote_due(now, period, admitted, thresholds) {
@@ -259,7 +259,7 @@ impl LeaseManager {
                     key: Some(policy_key(v)),
                     region: s.region.clone(),
                     holder: s.agent_id.clone(),
-                    want: want(v, v.ttl_ms, v.protocol.take_waiting()),
+                    want: want(v, v.sizing.ttl_ms(), v.protocol.take_waiting()),
                     request_id: self.request_id(sent_at),
                 })
             }
@@ -384,7 +384,7 @@ fn prefetch_due(book: &LeaseBook, v: &KeyLease, now: Nanos) -> bool {
         u64::try_from(u128::from(demand) * u128::from(interval) / u128::from(NANOS_PER_SEC))
             .unwrap_or(u64::MAX);
     let watermark = u64::try_from(
-        u128::from(v.max_grant) * u128::from(book.settings().low_watermark_pct) / 100,
+        u128::from(v.sizing.max_grant()) * u128::from(book.settings().low_watermark_pct) / 100,
     )
     .unwrap_or(u64::MAX);
     let ending = last_deadline.saturating_sub(now) < interval.saturating_mul(2);
@@ -420,14 +420,15 @@ fn unreachable(book: &LeaseBook, v: &KeyLease, now: Nanos) {
 /// policy's max grant. The max grant for a cold key (no demand seen yet).
 fn want(v: &KeyLease, ttl_ms: u64, waiting: Micros) -> Micros {
     let demand = v.demand_per_s.load(Ordering::Relaxed);
+    let max_grant = v.sizing.max_grant();
     let w = if demand == 0 {
-        v.max_grant
+        max_grant
     } else {
         // 25% headroom so a steady key renews before it runs dry.
         u64::try_from(u128::from(demand) * u128::from(ttl_ms) * 5 / 4 / 1000).unwrap_or(u64::MAX)
     };
     w.max(waiting)
-        .clamp(MICROS_PER_TOKEN, v.max_grant.max(MICROS_PER_TOKEN))
+        .clamp(MICROS_PER_TOKEN, max_grant.max(MICROS_PER_TOKEN))
 }
 
 /// An Acquire's answer: install the grant (its lease measured from when the request was sent,

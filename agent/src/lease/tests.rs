@@ -301,7 +301,7 @@ fn refunds_return_unreported_spend_only() {
     r.enforcer.refund(&req, &[5 * T], r.clock_now()).unwrap();
     assert_eq!(a.spent(), 6 * T);
     assert_eq!(charges.len(), 1);
-    charges[0].refund(r.enforcer.book(), 5 * T, r.clock_now());
+    charges[0].refund(5 * T, r.clock_now());
     // Only the 2 tokens not yet reported can come back.
     assert_eq!(a.spent(), 4 * T);
 }

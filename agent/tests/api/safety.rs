@@ -402,3 +402,46 @@ async fn expired_fully_reported_allocations_are_released() {
     assert_eq!(fake.releases.load(Ordering::Relaxed), 2, "both released");
     assert_eq!(fake.released_spend.load(Ordering::Relaxed), spent);
 }
+
+/// Issue 10 item 12: a busy key decides with the settings of the config deciding now (seed
+/// §28), not those it was first seen under: after a change under load, the new fuse rejects a
+/// flood the old config let through, the new failure mode applies, and the lease manager sizes
+/// the next Acquire by the new max grant and TTL.
+#[tokio::test]
+async fn a_config_change_reaches_busy_keys() {
+    let r = manual();
+    assert_eq!(check(&r, "tenant", "busy", 1).await, CoreCode::OverLimit);
+    assert_eq!(check(&r, "tenant", "down", 1).await, CoreCode::OverLimit);
+    let a = install(&r, "busy", 1, 50, 60_000).await;
+    for _ in 0..5 {
+        assert_eq!(check(&r, "tenant", "busy", 1).await, CoreCode::Ok);
+    }
+    let changed = LEASED.replace(
+        "lease: {ttl_ms: 60000, max_grant: 20}, name: tenant-rps}",
+        "lease: {ttl_ms: 30000, max_grant: 7}, name: tenant-rps, failure_mode: emergency, \
+         fuse: {requests_per_unit: 1, burst: 2}}",
+    );
+    assert_ne!(changed, LEASED);
+    r.gateway
+        .apply(ConfigSet::from_yaml(&changed, Path::new("p2.yaml")).unwrap());
+    // The fuse of the new config: 2 tokens, then rejected, though the allocation holds 45.
+    assert_eq!(check(&r, "tenant", "busy", 1).await, CoreCode::Ok);
+    assert_eq!(check(&r, "tenant", "busy", 1).await, CoreCode::Ok);
+    assert_eq!(check(&r, "tenant", "busy", 1).await, CoreCode::OverLimit);
+    assert_eq!(a.spent(), 7 * T);
+    // The new lease sizing reaches keys the change found.
+    let e = entries(&[("tenant", "busy")]);
+    let kl = r.gateway.enforcer().book().existing("api", 0, &e).unwrap();
+    assert_eq!(
+        (kl.value.sizing.max_grant(), kl.value.sizing.ttl_ms()),
+        (7 * T, 30_000)
+    );
+    // The new failure mode: the allocator unreachable for this key → the emergency bucket.
+    let e = entries(&[("tenant", "down")]);
+    let kl = r.gateway.enforcer().book().existing("api", 0, &e).unwrap();
+    kl.value
+        .protocol
+        .record_failure(r.clock.now() + 10_000 * MS);
+    assert_eq!(check(&r, "tenant", "down", 1).await, CoreCode::Ok);
+    assert_eq!(kl.value.emergency_admitted.load(Ordering::Relaxed), T);
+}

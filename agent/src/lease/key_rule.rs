@@ -1,0 +1,204 @@
+//! A leased key decides with the settings of the config snapshot deciding now, never with those
+//! of the config it was first seen under (seed §28; issue 10 item 12): limit parameters, failure
+//! mode, fuse and emergency bucket come from the decision's own rule, and the lease manager's
+//! sizing (max grant, TTL) from the newest rule any decision or config change has shown the key.
+
+use allot_common::algorithm::{
+    LimitParams, LimitState, Rate, RateAlgorithm, TokenBucket, TokenBucketState,
+};
+use allot_common::config::{FailureMode, Rule, RuleLimit};
+use allot_common::units::{Micros, Nanos, MICROS_PER_TOKEN};
+use parking_lot::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// What a leased decision needs of its rule, read from the rule of the snapshot deciding it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeyRule {
+    /// The rule's limit parameters.
+    pub params: LimitParams,
+    /// Its failure mode.
+    pub failure_mode: FailureMode,
+    /// Its local fuse, when configured.
+    pub fuse: Option<TokenBucket>,
+    /// Largest grant the allocator makes for it, microtokens.
+    pub max_grant: Micros,
+    /// Lease length it asks for, ms.
+    pub ttl_ms: u64,
+}
+
+impl KeyRule {
+    /// The settings of `rule` (a leased rule, which is limited; an unlimited one reads as one
+    /// token a nanosecond, which no leased decision ever uses).
+    pub fn of(rule: &Rule) -> Self {
+        let params = match rule.limit {
+            RuleLimit::Limited { params, .. } => params,
+            RuleLimit::Unlimited => LimitParams::TokenBucket {
+                capacity: MICROS_PER_TOKEN,
+                rate: Rate {
+                    micros: MICROS_PER_TOKEN,
+                    per_ns: 1,
+                },
+            },
+        };
+        KeyRule {
+            params,
+            failure_mode: rule.failure_mode,
+            fuse: match rule.fuse {
+                Some(LimitParams::TokenBucket { capacity, rate }) => {
+                    Some(TokenBucket { capacity, rate })
+                }
+                _ => None,
+            },
+            max_grant: rule.lease.max_grant,
+            ttl_ms: rule.lease.ttl_ms,
+        }
+    }
+}
+
+/// The lease sizing of a key (max grant, TTL) for the lease manager, which decides nothing and
+/// so has no snapshot of its own: refreshed from every slow-path decision's rule and from every
+/// config change.
+#[derive(Debug)]
+pub struct LeaseSizing {
+    max_grant: AtomicU64,
+    ttl_ms: AtomicU64,
+}
+
+impl LeaseSizing {
+    /// Sizing from `rule`.
+    pub fn new(rule: &KeyRule) -> Self {
+        LeaseSizing {
+            max_grant: AtomicU64::new(rule.max_grant),
+            ttl_ms: AtomicU64::new(rule.ttl_ms),
+        }
+    }
+
+    /// Follows `rule` (a store only when a value changed, so busy keys share the line).
+    pub fn follow(&self, rule: &KeyRule) {
+        if self.max_grant.load(Ordering::Relaxed) != rule.max_grant {
+            self.max_grant.store(rule.max_grant, Ordering::Relaxed);
+        }
+        if self.ttl_ms.load(Ordering::Relaxed) != rule.ttl_ms {
+            self.ttl_ms.store(rule.ttl_ms, Ordering::Relaxed);
+        }
+    }
+
+    /// Largest grant, microtokens.
+    pub fn max_grant(&self) -> Micros {
+        self.max_grant.load(Ordering::Relaxed)
+    }
+
+    /// Lease length, ms.
+    pub fn ttl_ms(&self) -> u64 {
+        self.ttl_ms.load(Ordering::Relaxed)
+    }
+}
+
+/// A local token bucket (a fuse, an emergency bucket) whose parameters follow the config: the
+/// state is kept with the parameters it was built for and carried over exactly (the decision
+/// core's transition) when a decision brings other ones.
+#[derive(Debug, Default)]
+pub struct FollowingBucket(Mutex<Option<(TokenBucket, TokenBucketState)>>);
+
+impl FollowingBucket {
+    /// Runs `f` on the state under `bucket` at `now` (created full, or carried over from the
+    /// previous parameters).
+    pub fn with<R>(
+        &self,
+        bucket: TokenBucket,
+        now: Nanos,
+        f: impl FnOnce(&TokenBucket, &mut TokenBucketState) -> R,
+    ) -> R {
+        let mut g = self.0.lock();
+        let (b, st) = g.get_or_insert_with(|| (bucket, bucket.initial_state(now)));
+        if *b != bucket {
+            *st = carried(b, *st, &bucket, now);
+            *b = bucket;
+        }
+        f(b, st)
+    }
+
+    /// Gives back `micros` under the parameters the state was last spent with (nothing when it
+    /// was never used).
+    pub fn refund(&self, now: Nanos, micros: Micros) {
+        if let Some((b, st)) = self.0.lock().as_mut() {
+            b.refund(st, now, micros);
+        }
+    }
+}
+
+/// `st` (of `old`) as the state of `new` at `now`, by the core's exact transition.
+fn carried(
+    old: &TokenBucket,
+    st: TokenBucketState,
+    new: &TokenBucket,
+    now: Nanos,
+) -> TokenBucketState {
+    let as_params = |b: &TokenBucket| LimitParams::TokenBucket {
+        capacity: b.capacity,
+        rate: b.rate,
+    };
+    match as_params(new).transition_from(&as_params(old), LimitState::TokenBucket(st), now) {
+        LimitState::TokenBucket(s) => s,
+        _ => new.initial_state(now),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use allot_common::units::NANOS_PER_SEC;
+
+    fn bucket(tokens: u64, per_s: u64) -> TokenBucket {
+        TokenBucket {
+            capacity: tokens * MICROS_PER_TOKEN,
+            rate: Rate {
+                micros: per_s * MICROS_PER_TOKEN,
+                per_ns: NANOS_PER_SEC,
+            },
+        }
+    }
+
+    #[test]
+    fn a_following_bucket_carries_its_state_to_new_parameters() {
+        let f = FollowingBucket::default();
+        let t = MICROS_PER_TOKEN;
+        // 10 tokens, 8 spent.
+        f.with(bucket(10, 1), 0, |b, st| b.spend(st, 0, 8 * t));
+        // Capacity 4 now: what is left (2) fits, nothing is created.
+        let left = f.with(bucket(4, 1), 0, |b, st| b.check(st, 0, 0).remaining_micros);
+        assert_eq!(left, 2 * t);
+        f.refund(0, 10 * t);
+        let left = f.with(bucket(4, 1), 0, |b, st| b.check(st, 0, 0).remaining_micros);
+        assert_eq!(left, 4 * t, "a refund never lifts it above the capacity");
+        // A refund before any use gives nothing anywhere.
+        let g = FollowingBucket::default();
+        g.refund(0, u64::MAX);
+        assert_eq!(
+            g.with(bucket(3, 1), 0, |b, st| b.check(st, 0, 0).remaining_micros),
+            3 * t
+        );
+    }
+
+    #[test]
+    fn sizing_follows_the_rule() {
+        let mut r = KeyRule {
+            params: LimitParams::TokenBucket {
+                capacity: 1,
+                rate: Rate {
+                    micros: 1,
+                    per_ns: 1,
+                },
+            },
+            failure_mode: FailureMode::Deny,
+            fuse: None,
+            max_grant: 5,
+            ttl_ms: 7,
+        };
+        let s = LeaseSizing::new(&r);
+        r.max_grant = u64::MAX;
+        r.ttl_ms = 0;
+        s.follow(&r);
+        assert_eq!((s.max_grant(), s.ttl_ms()), (u64::MAX, 0));
+    }
+}
