@@ -173,6 +173,14 @@ impl Metrics {
             .build();
         let b = book.clone();
         meter
+            .u64_observable_counter("allot_agent_lease_key_refusals")
+            .with_description(
+                "New leased keys refused because their rule holds max_keys keys, none idle",
+            )
+            .with_callback(move |o| o.observe(b.counters.key_refusals.load(Ordering::Relaxed), &[]))
+            .build();
+        let b = book.clone();
+        meter
             .u64_observable_counter("allot_agent_failure_denials")
             .with_description(
                 "Decisions denied because the allocator was unreachable (failure mode deny)",

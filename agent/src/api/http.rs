@@ -427,6 +427,7 @@ pub fn status(g: &Gateway) -> Value {
             "emergency_admits": c.emergency_admits.load(Ordering::Relaxed),
             "failure_denials": c.failure_denials.load(Ordering::Relaxed),
             "fuse_rejects": c.fuse_rejects.load(Ordering::Relaxed),
+            "key_refusals": c.key_refusals.load(Ordering::Relaxed),
         },
     })
 }

@@ -9,6 +9,7 @@
 use super::allocation::HeldAllocation;
 use super::charge::ChargeLog;
 use super::demand::{DemandWindow, Thresholds};
+use super::key_cap::{KeyCap, TABLE_FULL_RETRY_NS};
 use super::key_rule::{FollowingBucket, KeyRule, LeaseSizing};
 use super::protocol::{KeyProtocol, Standing};
 use super::settings::LeaseSettings;
@@ -144,6 +145,8 @@ pub struct LeaseCounters {
     pub leased_admits: AtomicU64,
     /// Decisions rejected by a rule's local fuse (no allocator work at all).
     pub fuse_rejects: AtomicU64,
+    /// New keys refused because their rule already holds `max_keys` keys, none idle.
+    pub key_refusals: AtomicU64,
     /// Central decisions asked of the allocator (`Decide`, one per waiting request).
     pub decides_asked: AtomicU64,
     /// Decide items sent (in a Batch or alone).
@@ -250,6 +253,8 @@ pub struct LeaseBook {
     settings: LeaseSettings,
     /// Counters for metrics.
     pub counters: LeaseCounters,
+    /// Sweeps of full leased-key tables.
+    key_cap: KeyCap,
 }
 
 impl std::fmt::Debug for LeaseBook {
@@ -277,6 +282,7 @@ impl LeaseBook {
             clock,
             settings,
             counters: LeaseCounters::default(),
+            key_cap: KeyCap::default(),
         }
     }
 
@@ -336,19 +342,28 @@ impl LeaseBook {
         self.reachable.store(up, Ordering::Relaxed);
     }
 
-    /// Calls `f` with the key's lease state (created on first sight) while its shard's read lock
-    /// is held, so the hot path touches no reference count; `None` when the rule is not leased.
+    /// Calls `f` with the key's lease state (created on first sight, under the rule's
+    /// `max_keys`) while its shard's read lock is held, so the hot path touches no reference
+    /// count. A rule that is not leased never reaches here, and a key refused by a full table
+    /// ([`KeyCap`]) is denied: never admitted unlimited.
     #[inline]
-    fn with_key<R>(
+    fn with_key(
+        &self,
         tables: &LeaseTables,
         key: &GlobalKey<'_>,
         now: Nanos,
-        f: impl FnOnce(&Arc<Keyed<KeyLease>>) -> R,
-    ) -> Option<R> {
-        let table = tables.table(key.domain, key.rule_index)?;
-        let h = table.hash(key.entries);
+        f: impl FnOnce(&Arc<Keyed<KeyLease>>) -> GlobalDecision<LeaseReservation>,
+    ) -> GlobalDecision<LeaseReservation> {
+        let Some(table) = tables.table(key.domain, key.rule_index) else {
+            return denied(0, RetryAfter::After(self.settings.retry_floor_ns()), false);
+        };
         // Created as used now, so the manager's idle eviction cannot take it before it is.
-        Some(table.with_or_insert(key.entries, h, || new_key(key, now), f))
+        self.key_cap
+            .with_key(table, key, now, || new_key(key, now), f)
+            .unwrap_or_else(|| {
+                self.counters.key_refusals.fetch_add(1, Ordering::Relaxed);
+                denied(0, RetryAfter::After(TABLE_FULL_RETRY_NS), false)
+            })
     }
 
     /// The key's lease state if it exists (no creation).
@@ -440,15 +455,13 @@ impl LeaseBook {
         // Every setting comes from the rule deciding now (seed §28), not from the config the
         // key was first seen under.
         let rule = KeyRule::of(key.rule);
-        Self::with_key(tables, &key, now, |kl| {
+        self.with_key(tables, &key, now, |kl| {
             if cost > capacity {
                 kl.value.last_used.store(now, Ordering::Relaxed);
                 return denied(kl.value.remaining(now), RetryAfter::Never, false);
             }
             self.decide_key(kl, &rule, cost, now, mode)
         })
-        // A rule that is not leased never reaches here; deny rather than admit unlimited.
-        .unwrap_or_else(|| denied(0, RetryAfter::After(self.settings.retry_floor_ns()), false))
     }
 
     /// The hot path: a warm key without a fuse whose allocations cover the cost. Everything

@@ -12,6 +12,7 @@ pub mod client;
 pub mod close;
 pub mod demand;
 pub mod dispatch;
+pub mod key_cap;
 pub mod key_rule;
 pub mod manager;
 pub mod protocol;

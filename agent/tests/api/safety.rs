@@ -25,6 +25,8 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 100, scope: local, name: llm-tokens}
   - key: bulk
     rate_limit: {unit: second, requests_per_unit: 1000000, lease: {ttl_ms: 60000, max_grant: 1000000}, name: bulk}
+  - key: capped
+    rate_limit: {unit: second, requests_per_unit: 100, max_keys: 3, name: capped}
 ";
 
 /// The fake allocator whose Releases wait at a gate: each signals when it arrives and answers
@@ -444,4 +446,45 @@ async fn a_config_change_reaches_busy_keys() {
         .record_failure(r.clock.now() + 10_000 * MS);
     assert_eq!(check(&r, "tenant", "down", 1).await, CoreCode::Ok);
     assert_eq!(kl.value.emergency_admitted.load(Ordering::Relaxed), T);
+}
+
+/// Issue 10 item 11 (agent side): the leased keys of a rule are capped at its `max_keys`. A new
+/// key beyond the cap is refused (denied, counted) while every held key is busy; once keys are
+/// idle, one sweep makes room. A key holding an allocation is never evicted.
+#[tokio::test]
+async fn leased_keys_are_capped_at_max_keys() {
+    let r = manual();
+    let book = r.gateway.enforcer().book().clone();
+    let keys = || book.tables().iter().map(|t| t.len()).sum::<u64>();
+    for k in ["k1", "k2", "k3"] {
+        assert_eq!(check(&r, "capped", k, 1).await, CoreCode::OverLimit, "cold");
+    }
+    assert_eq!(keys(), 3);
+    assert_eq!(check(&r, "capped", "k4", 1).await, CoreCode::OverLimit);
+    assert_eq!(keys(), 3, "the fourth key found no place");
+    assert_eq!(book.counters.key_refusals.load(Ordering::Relaxed), 1);
+    // k1 holds an allocation; k2 and k3 hold nothing and their calls are over.
+    let e = entries(&[("capped", "k1")]);
+    let k1 = book.existing("api", 3, &e).unwrap();
+    k1.value
+        .protocol
+        .install(Arc::new(HeldAllocation::new(9, 1, 5 * T, u64::MAX, 0, 1)));
+    for k in ["k2", "k3"] {
+        let e = entries(&[("capped", k)]);
+        book.existing("api", 3, &e)
+            .unwrap()
+            .value
+            .protocol
+            .abandon_call();
+    }
+    r.clock.advance(1_000 * MS);
+    assert_eq!(
+        check(&r, "capped", "k4", 1).await,
+        CoreCode::OverLimit,
+        "cold"
+    );
+    assert_eq!(keys(), 2, "k2 and k3 were evicted, k4 took a place");
+    assert!(book.existing("api", 3, &e).is_some(), "k1 is kept");
+    assert_eq!(book.counters.key_refusals.load(Ordering::Relaxed), 1);
+    assert_eq!(check(&r, "capped", "k1", 1).await, CoreCode::Ok);
 }
