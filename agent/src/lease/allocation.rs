@@ -37,6 +37,12 @@ pub struct HeldAllocation {
     pub expires_at_unix_ms: u64,
     /// Policy version it was granted under.
     pub policy_version: u64,
+    /// The emergency reserve, microtokens (≤ `granted`): the top of the grant, spent only by
+    /// [`try_spend_emergency`](Self::try_spend_emergency) while the allocator is unreachable
+    /// for the key (failure mode `emergency`, issue 10 item 4). Part of the grant, so counted
+    /// in the overshoot bound and charged to the bucket like any spend; returned at the
+    /// Release when unused.
+    pub reserve: Micros,
     /// Spent microtokens, with [`CLOSED`] set once closed.
     spent: AtomicU64,
     /// Highest cumulative spend the allocator acknowledged.
@@ -64,22 +70,42 @@ impl HeldAllocation {
             deadline,
             expires_at_unix_ms,
             policy_version,
+            reserve: 0,
             spent: AtomicU64::new(0),
             reported: AtomicU64::new(0),
             committed: Mutex::new(0),
         }
     }
 
-    /// Spends `cost` if it fits, the allocation is open and still usable at `now`. Lock-free.
+    /// The same allocation with the top `reserve` microtokens of its grant kept for emergency
+    /// admissions (at most the whole grant).
+    pub fn with_reserve(mut self, reserve: Micros) -> Self {
+        self.reserve = reserve.min(self.granted);
+        self
+    }
+
+    /// Spends `cost` if it fits below the emergency reserve, the allocation is open and still
+    /// usable at `now`. Lock-free: one compare-and-swap.
     #[inline]
     pub fn try_spend(&self, cost: Micros, now: Nanos) -> bool {
+        self.spend_within(cost, now, self.granted - self.reserve)
+    }
+
+    /// Spends `cost` out of the whole grant, the emergency reserve included (the allocator is
+    /// unreachable for the key and its failure mode is `emergency`).
+    pub fn try_spend_emergency(&self, cost: Micros, now: Nanos) -> bool {
+        self.spend_within(cost, now, self.granted)
+    }
+
+    #[inline]
+    fn spend_within(&self, cost: Micros, now: Nanos, limit: Micros) -> bool {
         if now >= self.deadline {
             return false;
         }
         let mut cur = self.spent.load(Ordering::Relaxed);
         loop {
             // A closed word carries the top bit, so it never fits under a grant.
-            let Some(next) = cur.checked_add(cost).filter(|n| *n <= self.granted) else {
+            let Some(next) = cur.checked_add(cost).filter(|n| *n <= limit) else {
                 return false;
             };
             match self
@@ -153,14 +179,24 @@ impl HeldAllocation {
         self.spent.load(Ordering::Acquire) & CLOSED != 0
     }
 
-    /// Microtokens left to spend (0 past the deadline or once closed).
+    /// Microtokens left to spend below the emergency reserve (0 past the deadline or once
+    /// closed).
     pub fn remaining(&self, now: Nanos) -> Micros {
+        self.left_within(now, self.granted - self.reserve)
+    }
+
+    /// Microtokens left to spend with the emergency reserve (0 past the deadline or once
+    /// closed).
+    pub fn emergency_remaining(&self, now: Nanos) -> Micros {
+        self.left_within(now, self.granted)
+    }
+
+    fn left_within(&self, now: Nanos, limit: Micros) -> Micros {
         if now >= self.deadline {
             0
         } else {
             // A closed word exceeds the grant: nothing left.
-            self.granted
-                .saturating_sub(self.spent.load(Ordering::Acquire))
+            limit.saturating_sub(self.spent.load(Ordering::Acquire))
         }
     }
 
@@ -293,6 +329,30 @@ mod tests {
         assert!(z.try_spend(0, 0));
         assert!(!z.try_spend(1, 0));
         assert_eq!((z.close(), z.unspend(0), z.remaining(0)), (0, 0, 0));
+    }
+
+    /// Issue 10 item 4: the reserve is spent only as an emergency, and never beyond the grant.
+    #[test]
+    fn the_emergency_reserve_is_the_top_of_the_grant() {
+        let a = HeldAllocation::new(1, 1, 10, 100, 0, 1).with_reserve(3);
+        assert!(a.try_spend(7, 0));
+        assert!(!a.try_spend(1, 0), "the reserve is not spent normally");
+        assert_eq!((a.remaining(0), a.emergency_remaining(0)), (0, 3));
+        assert!(a.try_spend_emergency(3, 0));
+        assert!(!a.try_spend_emergency(1, 0));
+        assert_eq!((a.spent(), a.emergency_remaining(0)), (10, 0));
+        assert!(!a.try_spend_emergency(1, 100), "not past the deadline");
+        // Extremes: a reserve above the grant is the whole grant; none at all is no reserve.
+        let all = HeldAllocation::new(2, 1, 5, 100, 0, 1).with_reserve(u64::MAX);
+        assert_eq!(
+            (all.reserve, all.remaining(0), all.emergency_remaining(0)),
+            (5, 0, 5)
+        );
+        assert!(!all.try_spend(1, 0));
+        let none = HeldAllocation::new(3, 1, u64::MAX, 100, 0, 1).with_reserve(0);
+        assert_eq!(none.remaining(0), none.emergency_remaining(0));
+        assert_eq!(none.close(), 0);
+        assert_eq!(none.emergency_remaining(0), 0);
     }
 
     #[test]

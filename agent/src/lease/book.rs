@@ -64,7 +64,8 @@ pub struct KeyLease {
     pub prev_admitted: AtomicU64,
     /// Recent demand, microtokens per second (measured each maintenance pass).
     pub demand_per_s: AtomicU64,
-    /// Microtokens admitted from the emergency bucket while the allocator was unreachable.
+    /// Microtokens admitted in emergency (out of the allocations' reserves, so already in
+    /// their spend and the overshoot bound), for status pages.
     pub emergency_admitted: AtomicU64,
     emergency: FollowingBucket,
     /// State of the rule's local fuse, when configured.
@@ -97,8 +98,6 @@ impl KeyLease {
 pub enum LeaseReservation {
     /// Spent from an allocation; the key is given when its fuse was spent too.
     Allocation(Arc<HeldAllocation>, Micros, Option<Arc<Keyed<KeyLease>>>),
-    /// Admitted by the emergency bucket.
-    Emergency(Arc<Keyed<KeyLease>>, Micros),
     /// Admitted from the key's central credit (the allocator's `Decide`); whether the fuse
     /// was spent too.
     Central(Arc<Keyed<KeyLease>>, Micros, bool),
@@ -423,16 +422,13 @@ impl LeaseBook {
         }
     }
 
-    /// Σ over every key of the unreported allocation tokens plus emergency admissions: the most
-    /// this agent can have admitted beyond what the allocator knows (seed §23), microtokens.
+    /// Σ over every key of the unreported allocation tokens: the most this agent can have
+    /// admitted beyond what the allocator knows (seed §23), microtokens. Emergency admissions
+    /// are spend of the allocations' reserves, so they are inside it.
     pub fn overshoot_bound(&self) -> Micros {
         let mut total = 0u64;
         for t in self.tables() {
-            t.for_each(|k| {
-                total = total
-                    .saturating_add(k.value.unreported())
-                    .saturating_add(k.value.emergency_admitted.load(Ordering::Relaxed));
-            });
+            t.for_each(|k| total = total.saturating_add(k.value.unreported()));
         }
         total
     }
@@ -656,8 +652,13 @@ impl LeaseBook {
         }
     }
 
-    /// The emergency bucket (failure mode `emergency`): a local token bucket at a fraction of
-    /// the policy's rate and burst. Everything it admits counts in the overshoot bound.
+    /// Failure mode `emergency` (issue 10 item 4): while the allocator is unreachable for the
+    /// key, the emergency reserve of its allocations (the top of each grant, kept when it was
+    /// installed) admits at the pace of the emergency bucket (a fraction of the policy's rate
+    /// and burst). The reserve is part of the grants: every emergency admission is inside the
+    /// overshoot bound and charged to the bucket when its allocation is reported or released,
+    /// so N gateways admit at most the reserves the allocator granted them, however long the
+    /// outage. `None` when no reserve covers the cost (the failure-mode denial follows).
     fn emergency(
         &self,
         kl: &Arc<Keyed<KeyLease>>,
@@ -668,28 +669,41 @@ impl LeaseBook {
     ) -> Option<GlobalDecision<LeaseReservation>> {
         let v = &kl.value;
         let bucket = self.settings.emergency_bucket(&rule.params)?;
-        let d = v.emergency.with(bucket, now, |bucket, st| {
-            let d = bucket.check(st, now, cost);
-            if d.allowed && take {
-                bucket.spend(st, now, cost);
+        let allocs = v.allocations();
+        if !allocs.iter().any(|a| a.emergency_remaining(now) >= cost) {
+            return None;
+        }
+        let (d, spent) = v.emergency.with(bucket, now, |b, st| {
+            let d = b.check(st, now, cost);
+            if !d.allowed || !take {
+                return (d, None);
             }
-            d
+            let a = allocs
+                .iter()
+                .find(|a| a.try_spend_emergency(cost, now))
+                .cloned();
+            if a.is_some() {
+                b.spend(st, now, cost);
+            }
+            (d, a)
         });
-        if d.allowed && take {
-            v.emergency_admitted.fetch_add(cost, Ordering::Relaxed);
-            v.admitted.fetch_add(cost, Ordering::Relaxed);
-            self.counters
-                .emergency_admits
-                .fetch_add(1, Ordering::Relaxed);
-            return Some(GlobalDecision {
+        let Some(a) = spent else {
+            // A peek or the emergency pace's denial answers as the bucket does; a reserve
+            // taken by a racing decision leaves the failure-mode denial.
+            return (!take || !d.allowed).then_some(GlobalDecision {
                 decision: d,
-                reservation: Some(LeaseReservation::Emergency(kl.clone(), cost)),
+                reservation: None,
                 cold: false,
             });
-        }
+        };
+        v.emergency_admitted.fetch_add(cost, Ordering::Relaxed);
+        v.admitted.fetch_add(cost, Ordering::Relaxed);
+        self.counters
+            .emergency_admits
+            .fetch_add(1, Ordering::Relaxed);
         Some(GlobalDecision {
             decision: d,
-            reservation: None,
+            reservation: Some(LeaseReservation::Allocation(a, cost, None)),
             cold: false,
         })
     }
@@ -831,24 +845,9 @@ impl GlobalLimits for LeaseView<'_> {
     fn refund(&self, _key: GlobalKey<'_>, _micros: Micros, _now: Nanos) {}
 }
 
-impl KeyLease {
-    /// Gives back up to `micros` of this key's emergency admissions (a cancel or a settled
-    /// refund) to its emergency bucket; returns what came back (never more than admitted).
-    pub(crate) fn give_back_emergency(&self, micros: Micros, now: Nanos) -> Micros {
-        let mut back = 0;
-        let _ = self
-            .emergency_admitted
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |x| {
-                back = x.min(micros);
-                Some(x - back)
-            });
-        self.emergency.refund(now, back);
-        back
-    }
-}
-
 impl LeaseBook {
-    /// Returns a reservation's tokens: to its allocation, the fuse and the emergency bucket.
+    /// Returns a reservation's tokens: to its allocation (an emergency admission's included)
+    /// or central credit, and to the fuse.
     fn cancel(&self, r: LeaseReservation) {
         match r {
             LeaseReservation::Allocation(a, cost, fused) => {
@@ -864,9 +863,6 @@ impl LeaseBook {
                 if fused {
                     self.refund_fuse(&kl.value, cost);
                 }
-            }
-            LeaseReservation::Emergency(kl, cost) => {
-                kl.value.give_back_emergency(cost, self.clock.now());
             }
         }
     }

@@ -2,8 +2,8 @@
 //! 10 items 5 and 13, seed §24).
 //!
 //! A settled reservation gives back its unused cost. For a leased descriptor the only place that
-//! may take it is the allocation (or the key's emergency bucket) that the reservation spent from,
-//! and only while that allocation is live: a refund into a newer allocation would let it admit
+//! may take it is the allocation (an emergency admission's included) that the reservation spent
+//! from, and only while that allocation is live: a refund into a newer allocation would let it admit
 //! more than it was granted, and a refund into an expired or released one would be granted again
 //! elsewhere. A decision that may be refunded later records its charges in a [`ChargeLog`]; the
 //! reservation keeps them as [`Charged`] per descriptor.
@@ -23,8 +23,6 @@ use std::sync::Arc;
 pub enum Charge {
     /// Spent from this allocation.
     Allocation(Arc<HeldAllocation>),
-    /// Admitted by the key's emergency bucket.
-    Emergency,
     /// Admitted by the allocator's central decision (`Decide`): debited there, so nothing can
     /// be given back here.
     Central,
@@ -47,14 +45,13 @@ impl Charged {
     /// Gives back up to `micros` (never more than was charged and not yet given back) to the
     /// place charged, if it is still live at `now`; returns what came back. An allocation takes
     /// back only spend it has not committed to a report or release
-    /// ([`HeldAllocation::unspend`]); the emergency bucket only admissions not yet reported.
+    /// ([`HeldAllocation::unspend`]).
     pub fn refund(&self, micros: Micros, now: Nanos) -> Micros {
         let want = micros.min(self.micros);
         let v = &self.key.value;
         let back = match &self.charge {
             Charge::Allocation(a) if a.is_live(now) => a.unspend(want),
             Charge::Allocation(_) => 0,
-            Charge::Emergency => v.give_back_emergency(want, now),
             Charge::Central => 0,
         };
         saturating_sub(&v.admitted, back);
@@ -102,7 +99,6 @@ impl ChargeLog {
                 *cost,
                 Arc::as_ptr(a) as usize,
             ),
-            LeaseReservation::Emergency(_, cost) => (Charge::Emergency, *cost, 0),
             LeaseReservation::Central(_, cost, _) => (Charge::Central, *cost, CENTRAL_AT),
         };
         // At most one reservation per descriptor, and at most MAX_DESCRIPTORS descriptors.
@@ -119,7 +115,6 @@ impl ChargeLog {
     pub(crate) fn forget(&self, r: &LeaseReservation) {
         let (at, key, cost) = match r {
             LeaseReservation::Allocation(a, cost, _) => (Arc::as_ptr(a) as usize, None, *cost),
-            LeaseReservation::Emergency(kl, cost) => (0, Some(Arc::as_ptr(kl)), *cost),
             LeaseReservation::Central(kl, cost, _) => (CENTRAL_AT, Some(Arc::as_ptr(kl)), *cost),
         };
         let mut log = self.0.lock();

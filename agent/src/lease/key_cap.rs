@@ -2,8 +2,8 @@
 //! stays bounded however random the client-chosen keys are).
 //!
 //! A new key is admitted to the table while it holds fewer than `max_keys` keys. When it is
-//! full, idle keys — holding no allocation, with no allocator call in flight, no emergency
-//! admission to report and unused for [`SWEEP_BACKOFF_NS`] — are evicted by one sweep, at most
+//! full, idle keys — holding no allocation, with no allocator call in flight and unused for
+//! [`SWEEP_BACKOFF_NS`] — are evicted by one sweep, at most
 //! one sweep per [`SWEEP_BACKOFF_NS`] per agent, so a flood of new keys costs O(1) amortised per
 //! decision. A key that still finds no place is refused: denied with a Retry-After of
 //! [`TABLE_FULL_RETRY_NS`], counted in the lease counters' `key_refusals`. An evicted key holds nothing, so
@@ -71,7 +71,6 @@ impl KeyCap {
 fn idle(v: &KeyLease, now: Nanos) -> bool {
     v.allocations().is_empty()
         && !v.protocol.in_flight()
-        && v.emergency_admitted.load(Ordering::Relaxed) == 0
         && now.saturating_sub(v.last_used.load(Ordering::Relaxed)) >= SWEEP_BACKOFF_NS
 }
 

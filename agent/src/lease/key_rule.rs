@@ -1,15 +1,16 @@
 //! A leased key decides with the settings of the config snapshot deciding now, never with those
 //! of the config it was first seen under (seed §28; issue 10 item 12): limit parameters, failure
 //! mode, fuse and emergency bucket come from the decision's own rule, and the lease manager's
-//! sizing (max grant, TTL) from the newest rule any decision or config change has shown the key.
+//! sizing (max grant, TTL, emergency reserve) from the newest rule any decision or config change
+//! has shown the key.
 
 use allot_common::algorithm::{
     LimitParams, LimitState, Rate, RateAlgorithm, TokenBucket, TokenBucketState,
 };
-use allot_common::config::{FailureMode, Rule, RuleLimit};
+use allot_common::config::{FailureMode, Rule, RuleLimit, PPM};
 use allot_common::units::{Micros, Nanos, MICROS_PER_TOKEN};
 use parking_lot::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// What a leased decision needs of its rule, read from the rule of the snapshot deciding it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,6 +63,7 @@ impl KeyRule {
 pub struct LeaseSizing {
     max_grant: AtomicU64,
     ttl_ms: AtomicU64,
+    emergency: AtomicBool,
 }
 
 impl LeaseSizing {
@@ -70,6 +72,7 @@ impl LeaseSizing {
         LeaseSizing {
             max_grant: AtomicU64::new(rule.max_grant),
             ttl_ms: AtomicU64::new(rule.ttl_ms),
+            emergency: AtomicBool::new(rule.failure_mode == FailureMode::Emergency),
         }
     }
 
@@ -81,6 +84,21 @@ impl LeaseSizing {
         if self.ttl_ms.load(Ordering::Relaxed) != rule.ttl_ms {
             self.ttl_ms.store(rule.ttl_ms, Ordering::Relaxed);
         }
+        let emergency = rule.failure_mode == FailureMode::Emergency;
+        if self.emergency.load(Ordering::Relaxed) != emergency {
+            self.emergency.store(emergency, Ordering::Relaxed);
+        }
+    }
+
+    /// The emergency reserve kept out of a grant of `granted` microtokens (issue 10 item 4):
+    /// `ppm` parts per million of it, rounded down, when the rule's failure mode is
+    /// `emergency`; none otherwise.
+    pub fn emergency_reserve(&self, granted: Micros, ppm: u32) -> Micros {
+        if !self.emergency.load(Ordering::Relaxed) {
+            return 0;
+        }
+        let r = u128::from(granted) * u128::from(ppm.min(PPM)) / u128::from(PPM);
+        u64::try_from(r).unwrap_or(granted).min(granted)
     }
 
     /// Largest grant, microtokens.
@@ -200,5 +218,21 @@ mod tests {
         r.ttl_ms = 0;
         s.follow(&r);
         assert_eq!((s.max_grant(), s.ttl_ms()), (u64::MAX, 0));
+        assert_eq!(
+            s.emergency_reserve(u64::MAX, 500_000),
+            0,
+            "failure mode deny"
+        );
+        r.failure_mode = FailureMode::Emergency;
+        s.follow(&r);
+        assert_eq!(s.emergency_reserve(1_000, 100_000), 100);
+        assert_eq!(s.emergency_reserve(u64::MAX, 1_000_000), u64::MAX);
+        assert_eq!(
+            s.emergency_reserve(u64::MAX, u32::MAX),
+            u64::MAX,
+            "at most the grant"
+        );
+        assert_eq!(s.emergency_reserve(0, 100_000), 0);
+        assert_eq!(s.emergency_reserve(9, 100_000), 0, "rounded down");
     }
 }

@@ -452,7 +452,8 @@ fn applied_acquire(book: &LeaseBook, v: &KeyLease, answer: Answer, sent_at: Nano
                 deadline,
                 g.expires_at_unix_ms,
                 g.policy_version,
-            );
+            )
+            .with_reserve(v.sizing.emergency_reserve(g.granted, s.emergency_ppm));
             v.protocol.install(Arc::new(a));
         }
         Answer::Done(Outcome::Acquire(pb::AcquireResponse {

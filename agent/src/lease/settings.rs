@@ -24,8 +24,9 @@ pub struct LeaseSettings {
     pub drift_margin_ms: u64,
     /// Prefetch when what is left falls below this percentage of the policy's max grant.
     pub low_watermark_pct: u32,
-    /// Emergency bucket (failure mode `emergency`): parts per million of the policy's rate and
-    /// capacity (default 100 000 = 10%).
+    /// Failure mode `emergency`: parts per million of each grant kept as its emergency reserve
+    /// (spent only while the allocator is unreachable for the key), and of the policy's rate
+    /// and capacity for the bucket pacing those admissions (default 100 000 = 10%).
     pub emergency_ppm: u32,
     /// Smallest Retry-After given when the allocator has not said better, ms (default 100).
     pub retry_floor_ms: u64,

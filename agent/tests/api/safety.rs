@@ -27,6 +27,8 @@ descriptors:
     rate_limit: {unit: second, requests_per_unit: 1000000, lease: {ttl_ms: 60000, max_grant: 1000000}, name: bulk}
   - key: capped
     rate_limit: {unit: second, requests_per_unit: 100, max_keys: 3, name: capped}
+  - key: fleet
+    rate_limit: {unit: second, requests_per_unit: 100, burst: 100, failure_mode: emergency, lease: {ttl_ms: 60000, max_grant: 20}, name: fleet}
 ";
 
 /// The fake allocator whose Releases wait at a gate: each signals when it arrives and answers
@@ -199,6 +201,22 @@ async fn spends_racing_the_shutdown_releases_never_exceed_the_final_spends() {
     );
 }
 
+/// An agent leasing from the allocator at `addr`, its background tasks running until the
+/// returned sender says stop (cold wait 5 s, call timeout 2 s, then `tune`).
+fn running(
+    addr: std::net::SocketAddr,
+    tune: impl FnOnce(&mut allot_agent::lease::LeaseSettings),
+) -> (Rig, watch::Sender<bool>, tokio::task::JoinHandle<()>) {
+    let mut rig = rig_with(LEASED, &[addr.to_string()], |s| {
+        s.cold_wait_ms = 5_000;
+        s.call_timeout_ms = 2_000;
+        tune(s);
+    });
+    let (stop, shutdown) = watch::channel(false);
+    let background = rig.agent.spawn_background(shutdown);
+    (rig, stop, background)
+}
+
 /// A rig on a manual clock whose allocations are installed by hand (no allocator answers).
 fn manual() -> Rig {
     rig_with(LEASED, &["127.0.0.1:9".to_string()], |s| s.cold_wait_ms = 0)
@@ -361,14 +379,10 @@ async fn a_refund_after_an_algorithm_change_goes_nowhere() {
 async fn expired_fully_reported_allocations_are_released() {
     let fake = FakeAllocator::new(1_000, 400);
     let (addr, _allocator) = fake.serve().await;
-    let mut rig = rig_with(LEASED, &[addr.to_string()], |s| {
+    let (rig, stop, background) = running(addr, |s| {
         s.report_interval_ms = 10_000;
-        s.cold_wait_ms = 5_000;
-        s.call_timeout_ms = 2_000;
         s.drift_margin_ms = 100;
     });
-    let (stop, shutdown) = watch::channel(false);
-    let background = rig.agent.spawn_background(shutdown);
     assert_eq!(check(&rig, "tenant", "x", 1).await, CoreCode::Ok);
     let e = entries(&[("tenant", "x")]);
     let kl = rig
@@ -438,14 +452,30 @@ async fn a_config_change_reaches_busy_keys() {
         (kl.value.sizing.max_grant(), kl.value.sizing.ttl_ms()),
         (7 * T, 30_000)
     );
-    // The new failure mode: the allocator unreachable for this key → the emergency bucket.
+    // The new failure mode: a grant installed now keeps an emergency reserve (10%), which
+    // admits while the allocator is unreachable for the key (the old `deny` would refuse).
     let e = entries(&[("tenant", "down")]);
     let kl = r.gateway.enforcer().book().existing("api", 0, &e).unwrap();
+    let reserve = kl.value.sizing.emergency_reserve(10 * T, 100_000);
+    assert_eq!(reserve, T);
+    let d = Arc::new(
+        HeldAllocation::new(5, 1, 10 * T, r.clock.now() + 60_000 * MS, 0, 1).with_reserve(reserve),
+    );
+    kl.value.protocol.install(d.clone());
+    for _ in 0..9 {
+        // One a second, under the new fuse.
+        r.clock.advance(1_000 * MS);
+        assert_eq!(check(&r, "tenant", "down", 1).await, CoreCode::Ok);
+    }
     kl.value
         .protocol
         .record_failure(r.clock.now() + 10_000 * MS);
+    r.clock.advance(1_000 * MS);
     assert_eq!(check(&r, "tenant", "down", 1).await, CoreCode::Ok);
     assert_eq!(kl.value.emergency_admitted.load(Ordering::Relaxed), T);
+    r.clock.advance(1_000 * MS);
+    assert_eq!(check(&r, "tenant", "down", 1).await, CoreCode::OverLimit);
+    assert_eq!(d.spent(), 10 * T);
 }
 
 /// Issue 10 item 11 (agent side): the leased keys of a rule are capped at its `max_keys`. A new
@@ -487,4 +517,74 @@ async fn leased_keys_are_capped_at_max_keys() {
     assert!(book.existing("api", 3, &e).is_some(), "k1 is kept");
     assert_eq!(book.counters.key_refusals.load(Ordering::Relaxed), 1);
     assert_eq!(check(&r, "capped", "k1", 1).await, CoreCode::Ok);
+}
+
+/// Issue 10 item 4: emergency admissions are bounded by what the allocator granted, whatever
+/// the number of gateways and the length of the outage. Three gateways hold grants of 20 whose
+/// top 10% is their emergency reserve; through an outage of 20 s (the emergency pace alone
+/// would allow 10 tokens and more every second, per gateway) they admit no more than they were
+/// granted, and in emergency no more than Σ reserves; after recovery the Releases carry every
+/// admission, emergency ones included, so the allocator's bucket is charged for them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gateways_through_an_outage_admit_at_most_their_granted_reserves() {
+    let fake = FakeAllocator::new(1_000, 60_000);
+    let (addr, _allocator) = fake.serve().await;
+    let mut gateways = Vec::new();
+    for _ in 0..3 {
+        gateways.push(running(addr, |s| {
+            s.report_interval_ms = 20;
+            s.error_backoff_ms = 100;
+        }));
+    }
+    let mut admitted = 0;
+    for (rig, _, _) in &gateways {
+        for _ in 0..18 {
+            assert_eq!(check(rig, "fleet", "f", 1).await, CoreCode::Ok);
+            admitted += 1;
+        }
+    }
+    fake.down.store(true, Ordering::SeqCst);
+    for (rig, _, _) in &gateways {
+        for _ in 0..20 {
+            rig.clock.advance(1_000 * MS);
+            if check(rig, "fleet", "f", 1).await == CoreCode::Ok {
+                admitted += 1;
+            }
+        }
+    }
+    let granted = 1_000 * T - fake.pool.load(Ordering::SeqCst);
+    let emergency: u64 = gateways
+        .iter()
+        .map(|(r, _, _)| {
+            r.gateway
+                .enforcer()
+                .book()
+                .counters
+                .emergency_admits
+                .load(Ordering::Relaxed)
+        })
+        .sum();
+    assert!(emergency > 0, "the reserves were used");
+    assert!(
+        emergency * T <= granted / 10,
+        "{emergency} emergency admissions beyond the reserves of {granted} µtokens granted"
+    );
+    assert!(
+        admitted * T <= granted,
+        "{admitted} admitted, {granted} granted"
+    );
+    // Recovery: the Releases carry the final spend, emergency admissions included.
+    fake.down.store(false, Ordering::SeqCst);
+    for (_, stop, background) in gateways {
+        let _ = stop.send(true);
+        tokio::time::timeout(std::time::Duration::from_secs(10), background)
+            .await
+            .expect("background tasks stop")
+            .unwrap();
+    }
+    assert_eq!(
+        fake.released_spend.load(Ordering::Relaxed),
+        admitted * T,
+        "every admission, emergency ones included, is charged"
+    );
 }
