@@ -41,8 +41,9 @@ pub struct HeldAllocation {
     /// [`try_spend_emergency`](Self::try_spend_emergency) while the allocator is unreachable
     /// for the key (failure mode `emergency`, issue 10 item 4). Part of the grant, so counted
     /// in the overshoot bound and charged to the bucket like any spend; returned at the
-    /// Release when unused.
-    pub reserve: Micros,
+    /// Release when unused. Set to 0 by [`unlock_reserve`](Self::unlock_reserve) once a newer
+    /// allocation of the key holds the reserve, so only the newest grant's waits.
+    reserve: AtomicU64,
     /// Spent microtokens, with [`CLOSED`] set once closed.
     spent: AtomicU64,
     /// Highest cumulative spend the allocator acknowledged.
@@ -70,7 +71,7 @@ impl HeldAllocation {
             deadline,
             expires_at_unix_ms,
             policy_version,
-            reserve: 0,
+            reserve: AtomicU64::new(0),
             spent: AtomicU64::new(0),
             reported: AtomicU64::new(0),
             committed: Mutex::new(0),
@@ -79,16 +80,29 @@ impl HeldAllocation {
 
     /// The same allocation with the top `reserve` microtokens of its grant kept for emergency
     /// admissions (at most the whole grant).
-    pub fn with_reserve(mut self, reserve: Micros) -> Self {
-        self.reserve = reserve.min(self.granted);
+    pub fn with_reserve(self, reserve: Micros) -> Self {
+        self.reserve
+            .store(reserve.min(self.granted), Ordering::Relaxed);
         self
+    }
+
+    /// The emergency reserve still held back, microtokens.
+    pub fn reserve(&self) -> Micros {
+        self.reserve.load(Ordering::Relaxed)
+    }
+
+    /// Makes the reserve spendable normally: a newer allocation of the key holds one now, so
+    /// keeping this one back too would only slow the key down (the emergency bound is the
+    /// newest grant's reserve, and every token stays inside what was granted).
+    pub fn unlock_reserve(&self) {
+        self.reserve.store(0, Ordering::Relaxed);
     }
 
     /// Spends `cost` if it fits below the emergency reserve, the allocation is open and still
     /// usable at `now`. Lock-free: one compare-and-swap.
     #[inline]
     pub fn try_spend(&self, cost: Micros, now: Nanos) -> bool {
-        self.spend_within(cost, now, self.granted - self.reserve)
+        self.spend_within(cost, now, self.granted - self.reserve())
     }
 
     /// Spends `cost` out of the whole grant, the emergency reserve included (the allocator is
@@ -182,7 +196,7 @@ impl HeldAllocation {
     /// Microtokens left to spend below the emergency reserve (0 past the deadline or once
     /// closed).
     pub fn remaining(&self, now: Nanos) -> Micros {
-        self.left_within(now, self.granted - self.reserve)
+        self.left_within(now, self.granted - self.reserve())
     }
 
     /// Microtokens left to spend with the emergency reserve (0 past the deadline or once
@@ -342,10 +356,16 @@ mod tests {
         assert!(!a.try_spend_emergency(1, 0));
         assert_eq!((a.spent(), a.emergency_remaining(0)), (10, 0));
         assert!(!a.try_spend_emergency(1, 100), "not past the deadline");
+        // Unlocked (a newer allocation holds the reserve): spendable normally.
+        let b = HeldAllocation::new(4, 1, 10, 100, 0, 1).with_reserve(3);
+        assert_eq!(b.remaining(0), 7);
+        b.unlock_reserve();
+        assert_eq!((b.reserve(), b.remaining(0)), (0, 10));
+        assert!(b.try_spend(10, 0));
         // Extremes: a reserve above the grant is the whole grant; none at all is no reserve.
         let all = HeldAllocation::new(2, 1, 5, 100, 0, 1).with_reserve(u64::MAX);
         assert_eq!(
-            (all.reserve, all.remaining(0), all.emergency_remaining(0)),
+            (all.reserve(), all.remaining(0), all.emergency_remaining(0)),
             (5, 0, 5)
         );
         assert!(!all.try_spend(1, 0));

@@ -231,10 +231,13 @@ impl KeyProtocol {
 
     /// Installs a granted allocation and ends the call: the key is warm. Expired allocations
     /// stay until maintenance releases them, since the allocator returns their unspent tokens
-    /// only at a Release (issue 10 item 14).
+    /// only at a Release (issue 10 item 14); the older allocations' emergency reserves become
+    /// spendable normally, the new one holding the key's reserve (issue 10 item 4).
     pub fn install(&self, a: Arc<HeldAllocation>) {
         let w = self.write.lock();
         let mut next: Vec<Arc<HeldAllocation>> = self.allocations().iter().cloned().collect();
+        // Only the newest grant keeps its emergency reserve back (issue 10 item 4).
+        next.iter().for_each(|x| x.unlock_reserve());
         next.push(a);
         self.replace(&w, next);
         drop(w);
