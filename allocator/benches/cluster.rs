@@ -109,6 +109,7 @@ async fn client_loop(
                 region: "eu-west".into(),
                 holder: format!("gw-{n}"),
                 want: 1_000_000,
+                demand_per_s: 0,
                 request_id: format!("r-{n}-{seq}"),
             })
             .await;

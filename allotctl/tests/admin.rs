@@ -199,6 +199,7 @@ async fn admin_commands_drive_a_cluster() {
             region: "eu-west".into(),
             holder: "gw-1".into(),
             want: 4_000_000,
+            demand_per_s: 0,
             request_id: "r1".into(),
         })
         .await

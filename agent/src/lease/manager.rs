@@ -260,6 +260,7 @@ impl LeaseManager {
                     region: s.region.clone(),
                     holder: s.agent_id.clone(),
                     want: want(v, v.sizing.ttl_ms(), v.protocol.take_waiting()),
+                    demand_per_s: v.demand_per_s.load(Ordering::Relaxed),
                     request_id: self.request_id(sent_at),
                 })
             }

@@ -2,6 +2,7 @@
 //! remainder), debited from every one of them at grant time (seed §21). The sources and what
 //! they hold are [`super::sources`]'s.
 
+use super::division::Demand;
 use super::fair_share::fair_part;
 use super::sources::{available, check_id, debit, wait_for, OverCapacity};
 use super::{
@@ -39,13 +40,19 @@ impl Ledger {
                 a.want
             )));
         }
-        let t = self.prepare(&a.key, &a.region, now)?;
+        let demand = Demand {
+            holder: &a.holder,
+            want: a.want,
+            demand_per_s: a.demand_per_s,
+        };
+        let t = self.prepare(&a.key, &a.region, &demand, now)?;
         let (rule, kid, version, params) = (&t.rule, &t.kid, t.version, t.params);
         let now_ns = millis_to_nanos(now);
-        if t.ppm == Some(0) {
+        if let Some((retry_after_ms, reason)) = t.no_part(&a.region) {
+            self.note_denied(kid, &a.region, &a.holder, now);
             return Ok(Response::Denied(Denial {
-                retry_after_ms: rule.lease.ttl_ms,
-                reason: format!("region {:?} has no share of {}", a.region, rule.name),
+                retry_after_ms,
+                reason,
                 policy_version: version,
             }));
         }
@@ -55,14 +62,8 @@ impl Ledger {
         let pool = avail.pool();
 
         // Divide the pool fairly among the holders asking in this region recently.
-        let dkey = (kid.clone(), a.region.clone());
         let ttl = rule.lease.ttl_ms;
-        let demands = self.demands.entry(dkey).or_default();
-        demands.retain(|_, (_, at)| at.saturating_add(ttl) > now);
-        demands.insert(a.holder.clone(), (a.want, now));
-        let holders: Vec<&String> = demands.keys().collect();
-        let wants: Vec<u64> = demands.values().map(|(w, _)| *w).collect();
-        let me = holders.iter().position(|h| **h == a.holder).unwrap_or(0);
+        let (wants, me) = self.holder_wants(kid, &a.region, &demand, ttl, now);
         let fair = fair_part(pool, &wants, me);
 
         let mut grant = a.want.min(rule.lease.max_grant).min(fair).min(pool);
@@ -84,6 +85,9 @@ impl Ledger {
             grant -= grant % MICROS_PER_TOKEN;
         } else if a.want >= MICROS_PER_TOKEN {
             grant = 0;
+        }
+        if grant == 0 {
+            self.note_denied(kid, &a.region, &a.holder, now);
         }
         let ks = self.key_mut(kid)?;
         if grant == 0 {
@@ -134,6 +138,9 @@ impl Ledger {
         let region = ks.regions.entry(a.region.clone()).or_default();
         region.live += 1;
         region.granted_live += grant;
+        if !ks.parts.by_region.is_empty() {
+            ks.parts.granted(&a.region);
+        }
 
         self.next_id += 1;
         let id = self.next_id;
@@ -158,11 +165,6 @@ impl Ledger {
         };
         self.allocations.insert(id, alloc);
         self.deadlines.insert((dead_at, id));
-        if let Some(ps) = self.shares.get_mut(&rule.id) {
-            if let Some(rs) = ps.regions.get_mut(&a.region) {
-                *rs.live_by_version.entry(t.shares_version).or_default() += 1;
-            }
-        }
         Ok(Response::Granted(Grant {
             allocation_id: id,
             epoch,

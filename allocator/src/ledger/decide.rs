@@ -8,6 +8,7 @@
 //! [`super::REQUEST_RETENTION_MS`], so a retry (after a leader change, say) gets the same answer
 //! and is charged once.
 
+use super::division::Demand;
 use super::sources::{available, check_id, debit, wait_for, OverCapacity};
 use super::{Decide, Decided, Ledger, LedgerError, Response};
 use allot_common::decision::RetryAfter;
@@ -43,7 +44,13 @@ impl Ledger {
                 d.cost
             )));
         }
-        let t = self.prepare(&d.key, &d.region, now)?;
+        // A decision is demand too: its cost, as if wanted over one lease.
+        let demand = Demand {
+            holder: &d.holder,
+            want: d.cost,
+            demand_per_s: 0,
+        };
+        let t = self.prepare(&d.key, &d.region, &demand, now)?;
         let (rule, version) = (&t.rule, t.version);
         let denied = |retry_after_ms: u64, never: bool, reason: String, remaining: u64| Decided {
             allowed: false,
@@ -53,9 +60,9 @@ impl Ledger {
             reason,
             policy_version: version,
         };
-        if t.ppm == Some(0) {
-            let reason = format!("region {:?} has no share of {}", d.region, rule.name);
-            return Ok(denied(rule.lease.ttl_ms, false, reason, 0));
+        if let Some((retry_after_ms, reason)) = t.no_part(&d.region) {
+            self.note_denied(&t.kid, &d.region, &d.holder, now);
+            return Ok(denied(retry_after_ms, false, reason, 0));
         }
         let ks = self.key_mut(&t.kid)?;
         let avail = available(ks, &d.region, rule, now);
@@ -108,6 +115,7 @@ impl Ledger {
             "bucket"
         };
         let reason = format!("{what} of {} is empty", rule.name);
+        self.note_denied(&t.kid, &d.region, &d.holder, now);
         Ok(denied(wait_ms, false, reason, pool))
     }
 }

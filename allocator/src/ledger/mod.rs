@@ -10,20 +10,24 @@
 //! * an expired allocation's unreported tokens stay spent (stranded quota);
 //! * allocation ids are never reused; epochs strictly increase per policy + region + holder;
 //! * a report or release with a stale id or epoch is refused and changes nothing;
-//! * a region's lowered share keeps its old reservation until every allocation granted under the
-//!   older share version is released or expired; only then can another region's share grow.
+//! * a region's lowered part of a key keeps its old reservation until every allocation granted
+//!   under an older handoff version is released or expired; only then can another region's
+//!   part grow (`handoff`); Σ parts held never exceeds the whole.
 
 mod acquire;
 mod calendar;
 mod decide;
+mod division;
 mod fair_share;
+mod handoff;
 mod policy;
 mod settle;
 mod sources;
 mod types;
 
 pub use calendar::period_bounds;
-pub use fair_share::fair_part;
+pub use fair_share::{fair_part, one_token_ppm, region_parts, RegionClaim};
+pub use handoff::HYSTERESIS_PPM;
 pub use sources::MAX_ID_BYTES;
 pub use types::{
     Acquire, Command, Decide, Decided, Denial, Grant, KeyStatus, LedgerError, PolicyKey,
@@ -70,7 +74,7 @@ pub struct Allocation {
     pub key: Vec<u8>,
     /// Policy document version at grant.
     pub policy_version: u64,
-    /// Share version at grant.
+    /// Handoff version of its key's regional parts at grant (see `handoff`).
     pub shares_version: u64,
     /// Region.
     pub region: String,
@@ -118,6 +122,10 @@ struct KeyState {
     /// (period start ms, microtokens used) of the calendar quota.
     calendar: Option<(u64, Micros)>,
     live: u64,
+    /// Regional parts and their handoff; empty when the policy has no regional shares.
+    parts: handoff::Parts,
+    /// When the key's state was created, Unix ms.
+    created_ms: u64,
 }
 
 /// A policy document in force.
@@ -128,19 +136,13 @@ struct PolicyDoc {
     activated_at_ms: u64,
 }
 
-/// A region's share of one policy, with its handoff state.
+/// A region's share of one policy as configured or set by an operator: a hard cap with
+/// `shares_mode: cap`, else the region's guaranteed minimum and its weight. Each key's parts
+/// move toward it by handoff (`handoff`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 struct RegionShareState {
-    /// What the operator asked for.
+    /// What the operator asked for, ppm.
     target_ppm: u32,
-    /// What new grants may use now (≤ target).
-    effective_ppm: u32,
-    /// What is still held back for allocations granted under an older, larger share.
-    reserved_ppm: u32,
-    /// Share version whose lowering created the reservation.
-    lowered_at: u64,
-    /// Live allocations of this policy and region by the share version they were granted under.
-    live_by_version: BTreeMap<u64, u64>,
 }
 
 /// Regional shares of one policy.
@@ -173,8 +175,8 @@ pub struct Ledger {
     deadlines: BTreeSet<(u64, u64)>,
     next_id: u64,
     epochs: BTreeMap<(String, String, String), u64>,
-    /// Recent wants per (key, region): holder → (want, at ms), for fair division.
-    demands: BTreeMap<(KeyId, String), BTreeMap<String, (Micros, u64)>>,
+    /// Recent asks per (key, region): holder → ask, for fair division.
+    demands: BTreeMap<(KeyId, String), BTreeMap<String, division::Ask>>,
     /// (holder, request id) → (time, answer).
     requests: BTreeMap<(String, String), (u64, Response)>,
     request_times: BTreeSet<(u64, String, String)>,
@@ -197,7 +199,7 @@ impl Ledger {
                 policy,
                 shares,
                 config_version,
-            } => self.set_shares(policy, shares, *config_version),
+            } => self.set_shares(policy, shares, *config_version, now),
             Command::Acquire(a) => self.acquire(a, now),
             Command::Report {
                 allocation_id,
@@ -223,7 +225,6 @@ impl Ledger {
                     .collect(),
             ),
         };
-        self.rebalance_all();
         r
     }
 
@@ -284,7 +285,6 @@ impl Ledger {
             };
             q.limit.saturating_sub(used)
         });
-        let shares = self.shares.get(&rule.id);
         let regions = ks
             .regions
             .iter()
@@ -295,9 +295,7 @@ impl Ledger {
                 reported: r.reported_live,
                 stranded: r.stranded,
                 overshoot_bound: r.granted_live - r.reported_live,
-                share_ppm: shares
-                    .and_then(|s| s.regions.get(name))
-                    .map(|s| s.effective_ppm),
+                share_ppm: ks.parts.by_region.get(name).map(|p| p.effective_ppm),
             })
             .collect();
         Ok(KeyStatus {
@@ -333,12 +331,13 @@ impl Ledger {
             }
             a.state = AllocationState::Expired;
             let a = a.clone();
-            self.finish(&a, a.granted - a.reported, 0);
+            self.finish(&a, a.granted - a.reported, now);
         }
     }
 
-    /// Bookkeeping when a live allocation ends: `stranded` unreported tokens, `returned` refunded.
-    fn finish(&mut self, a: &Allocation, stranded: Micros, _returned: Micros) {
+    /// Bookkeeping when a live allocation ends at `now`: `stranded` unreported tokens stay
+    /// spent; the region's part may complete a handoff.
+    fn finish(&mut self, a: &Allocation, stranded: Micros, now: u64) {
         let kid = (a.rule_id.clone(), a.key.clone());
         if let Some(ks) = self.keys.get_mut(&kid) {
             ks.live = ks.live.saturating_sub(1);
@@ -348,17 +347,9 @@ impl Ledger {
                 r.reported_live -= a.reported;
                 r.stranded = r.stranded.saturating_add(stranded);
             }
+            ks.parts.ended(&a.region, a.shares_version);
         }
-        if let Some(ps) = self.shares.get_mut(&a.rule_id) {
-            if let Some(rs) = ps.regions.get_mut(&a.region) {
-                if let Some(n) = rs.live_by_version.get_mut(&a.shares_version) {
-                    *n -= 1;
-                    if *n == 0 {
-                        rs.live_by_version.remove(&a.shares_version);
-                    }
-                }
-            }
-        }
+        self.rebalance_key(&kid, now);
     }
 
     fn forget_requests(&mut self, now: u64) {
@@ -441,6 +432,8 @@ impl Batching for Ledger {
     }
 }
 
+#[cfg(test)]
+mod scenarios;
 #[cfg(test)]
 mod tests;
 

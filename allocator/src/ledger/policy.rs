@@ -114,8 +114,6 @@ impl Ledger {
                             s.region.clone(),
                             RegionShareState {
                                 target_ppm: s.share_ppm,
-                                effective_ppm: s.share_ppm,
-                                ..Default::default()
                             },
                         );
                     }
@@ -141,7 +139,12 @@ impl Ledger {
             },
         );
         let domain = d.domain.clone();
+        let rule_ids: Vec<String> = d.rules.iter().map(|r| r.id.clone()).collect();
         self.parsed.insert(domain.clone(), d);
+        // A new document may change shares or the shares mode: every key re-divides.
+        for id in rule_ids {
+            self.rebalance_rule(&id, now);
+        }
         Response::PolicyPut { domain, version }
     }
 
@@ -158,6 +161,7 @@ impl Ledger {
         policy: &str,
         shares: &[ShareSpec],
         version: u64,
+        now: u64,
     ) -> Response {
         let Some(rule) = self.rule_named(policy).cloned() else {
             return Response::Rejected(LedgerError::NotFound(format!(
@@ -174,6 +178,7 @@ impl Ledger {
             return Response::Rejected(e);
         }
         self.apply_shares(&rule.id, &rule, shares, version);
+        self.rebalance_rule(&rule.id, now);
         Response::SharesSet {
             config_version: version,
         }
@@ -231,8 +236,8 @@ impl Ledger {
         Ok(())
     }
 
-    /// Records new targets. A lowered share applies to new grants at once but stays reserved
-    /// until the allocations granted under older versions are gone (see [`Self::rebalance_all`]).
+    /// Records new targets (guarantees and weights, or caps): each key's parts move toward them
+    /// through the versioned handoff when it is next rebalanced (see [`Self::rebalance_rule`]).
     fn apply_shares(&mut self, rule_id: &str, rule: &Rule, shares: &[ShareSpec], version: u64) {
         let rpu = match rule.limit {
             RuleLimit::Limited {
@@ -246,52 +251,30 @@ impl Ledger {
             let Some(ppm) = to_ppm(s.share, rpu) else {
                 continue;
             };
-            let rs = ps.regions.entry(s.region.clone()).or_default();
-            if ppm < rs.effective_ppm {
-                rs.reserved_ppm = rs.reserved_ppm.max(rs.effective_ppm);
-                rs.effective_ppm = ppm;
-                rs.lowered_at = version;
-            }
-            rs.target_ppm = ppm;
+            ps.regions.entry(s.region.clone()).or_default().target_ppm = ppm;
         }
     }
 
-    /// Finishes handoffs: a reservation is dropped once no live allocation predates the lowering;
-    /// then raised shares grow into what is free, in region-name order.
-    pub(super) fn rebalance_all(&mut self) {
-        for ps in self.shares.values_mut() {
-            for rs in ps.regions.values_mut() {
-                if rs.reserved_ppm > rs.effective_ppm {
-                    let older_live = rs
-                        .live_by_version
-                        .range(..rs.lowered_at)
-                        .any(|(_, &n)| n > 0);
-                    if !older_live {
-                        rs.reserved_ppm = 0;
-                    }
-                }
-            }
-            let names: Vec<String> = ps.regions.keys().cloned().collect();
-            for name in names {
-                let held_by_others: u64 = ps
-                    .regions
-                    .iter()
-                    .filter(|(n, _)| **n != name)
-                    .map(|(_, s)| u64::from(s.effective_ppm.max(s.reserved_ppm)))
-                    .sum();
-                let free = u64::from(PPM).saturating_sub(held_by_others) as u32;
-                if let Some(rs) = ps.regions.get_mut(&name) {
-                    if rs.effective_ppm < rs.target_ppm {
-                        rs.effective_ppm = rs.target_ppm.min(free).max(rs.effective_ppm);
-                    }
-                }
-            }
+    /// Re-divides every key of a rule (after its shares or its document changed). Lowered
+    /// parts apply to new grants at once; what they free moves when the older allocations end.
+    fn rebalance_rule(&mut self, rule_id: &str, now: u64) {
+        let kids: Vec<(String, Vec<u8>)> = self
+            .keys
+            .range((rule_id.to_string(), Vec::new())..)
+            .take_while(|((r, _), _)| r == rule_id)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for kid in kids {
+            self.rebalance_key(&kid, now);
         }
     }
 
-    /// Effective share of `region` for a rule: `None` when the rule has no regional shares
-    /// (every region draws from the global bucket only).
-    pub(super) fn region_ppm(
+    /// The share `region` has of a rule: `None` when the rule has no regional shares (every
+    /// region draws from the global bucket only).
+    ///
+    /// # Errors
+    /// [`LedgerError::NotFound`] when the rule has shares and `region` is not among them.
+    pub(super) fn region_share(
         &self,
         rule_id: &str,
         region: &str,
@@ -304,15 +287,10 @@ impl Ledger {
         }
         ps.regions
             .get(region)
-            .map(|r| Some(r.effective_ppm))
+            .map(|r| Some(r.target_ppm))
             .ok_or_else(|| {
                 LedgerError::NotFound(format!("region {region:?} has no share of this policy"))
             })
-    }
-
-    /// The current share version of a rule.
-    pub(super) fn shares_version(&self, rule_id: &str) -> u64 {
-        self.shares.get(rule_id).map_or(0, |s| s.config_version)
     }
 
     /// Matches a policy key to its rule. Returns the rule, the key id and the doc version.

@@ -128,7 +128,7 @@ impl Ledger {
         done.state = AllocationState::Released { returned };
         self.allocations.insert(id, done.clone());
         self.deadlines.remove(&(a.dead_at_ms, id));
-        self.finish(&done, 0, returned);
+        self.finish(&done, 0, now);
         Response::Released { returned }
     }
 }

@@ -5,6 +5,7 @@
 //! `need` fit", so that leases and central decisions can never disagree on the quota.
 
 use super::calendar::period_bounds;
+use super::division::Demand;
 use super::policy::scaled;
 use super::{Bucket, KeyId, KeyState, Ledger, LedgerError, PolicyKey};
 use allot_common::algorithm::LimitParams;
@@ -45,10 +46,39 @@ pub(super) struct Target {
     pub version: u64,
     /// The rule's global parameters.
     pub params: LimitParams,
-    /// The region's effective share, `None` when the policy has no regional shares.
+    /// The region's part of the key now (see `division`), ppm; `None` when the policy has no
+    /// regional shares.
     pub ppm: Option<u32>,
-    /// The rule's current share version.
+    /// The region's configured share (its guarantee and weight, or its cap), ppm; `None` when
+    /// the policy has no regional shares.
+    pub share: Option<u32>,
+    /// The key's handoff version (see `handoff`): new allocations are counted under it.
     pub shares_version: u64,
+}
+
+impl Target {
+    /// Why the region has no part now and when to ask again: a share of 0 is final (ask again
+    /// after a lease); a part waiting for a handoff frees up when older allocations of other
+    /// regions end (ask again after a quarter lease). `None` when the region has a part.
+    pub fn no_part(&self, region: &str) -> Option<(u64, String)> {
+        if self.ppm != Some(0) {
+            return None;
+        }
+        let rule = &self.rule;
+        if self.share == Some(0) {
+            return Some((
+                rule.lease.ttl_ms,
+                format!("region {region:?} has no share of {}", rule.name),
+            ));
+        }
+        Some((
+            (rule.lease.ttl_ms / 4).max(1),
+            format!(
+                "region {region:?}'s part of {} is being handed over from other regions",
+                rule.name
+            ),
+        ))
+    }
 }
 
 /// What each source holds at one instant, microtokens (`u64::MAX` for an absent source).
@@ -80,8 +110,9 @@ impl Available {
 
 impl Ledger {
     /// Resolves `key` for a holder in `region` and readies its state at `now` (Unix ms): the
-    /// key's state is created (evicting idle keys at the cap) and its buckets retuned to the
-    /// policy in force.
+    /// key's state is created (evicting idle keys at the cap), `demand` is recorded as the
+    /// holder's latest ask, the key is re-divided among its regions (`division`) and its buckets
+    /// are retuned to the policy in force and the region's part.
     ///
     /// # Errors
     /// [`LedgerError::InvalidArgument`] for a malformed key or an unlimited limit,
@@ -92,6 +123,7 @@ impl Ledger {
         &mut self,
         key: &PolicyKey,
         region: &str,
+        demand: &Demand<'_>,
         now: u64,
     ) -> Result<Target, LedgerError> {
         let (rule, kid, version) = self.resolve(key)?;
@@ -108,7 +140,7 @@ impl Ledger {
                 rule.name
             )));
         }
-        let ppm = self.region_ppm(&rule.id, region)?;
+        let share = self.region_share(&rule.id, region)?;
         let activated_ns = millis_to_nanos(self.activated_at(&key.domain));
         let now_ns = millis_to_nanos(now);
         if !self.keys.contains_key(&kid) {
@@ -123,11 +155,16 @@ impl Ledger {
                     regions: Default::default(),
                     calendar: None,
                     live: 0,
+                    parts: Default::default(),
+                    created_ms: now,
                 },
             );
         }
-        let shares_version = self.shares_version(&rule.id);
+        self.record_ask(&kid, region, demand, &rule, now);
+        self.rebalance_key(&kid, now);
         let ks = self.key_mut(&kid)?;
+        let ppm = share.map(|_| ks.parts.effective(region));
+        let shares_version = ks.parts.version;
         retune(&mut ks.global, params, activated_ns);
         let part = ks.regions.entry(region.to_string()).or_default();
         match (ppm.map(|p| scaled(&params, p)), &mut part.bucket) {
@@ -146,6 +183,7 @@ impl Ledger {
             version,
             params,
             ppm,
+            share,
             shares_version,
         })
     }

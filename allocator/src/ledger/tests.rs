@@ -31,6 +31,14 @@ descriptors:
         - {region: ap-south, share: \"10%\"}
 ";
 
+/// REGIONAL with today's hard split: shares are caps only an operator moves.
+fn regional_cap() -> String {
+    REGIONAL.replace(
+        "      regions:\n",
+        "      shares_mode: cap\n      regions:\n",
+    )
+}
+
 pub(super) fn key(tenant: &str) -> PolicyKey {
     PolicyKey {
         domain: "api".into(),
@@ -71,6 +79,7 @@ pub(super) fn acquire(
             region: region.into(),
             holder: holder.into(),
             want,
+            demand_per_s: 0,
             request_id: id.into(),
         }),
         t,
@@ -400,7 +409,7 @@ fn the_last_whole_tokens_go_to_a_holder_while_several_ask() {
 
 #[test]
 fn versioned_handoff_moves_share_only_after_old_allocations_end() {
-    let mut l = ledger(REGIONAL);
+    let mut l = ledger(&regional_cap());
     let ap = granted(&acquire(&mut l, T0, "ap-south", "ap1", 100 * T, "a1"));
     assert_eq!(ap.granted, 100 * T); // 10% of 1000
     let eu = granted(&acquire(&mut l, T0, "eu-west", "eu1", 1000 * T, "e1"));
@@ -499,7 +508,7 @@ fn versioned_handoff_moves_share_only_after_old_allocations_end() {
 
 #[test]
 fn handoff_also_completes_when_the_old_allocation_expires() {
-    let mut l = ledger(REGIONAL);
+    let mut l = ledger(&regional_cap());
     let ap = granted(&acquire(&mut l, T0, "ap-south", "ap1", 100 * T, "a1"));
     l.apply_at(
         &Command::SetShares {
@@ -588,12 +597,12 @@ fn bad_input_is_refused_precisely_and_changes_nothing() {
     let mut l = ledger(REGIONAL);
     let before = l.snapshot();
     let cases: Vec<(Command, &str)> = vec![
-        (Command::Acquire(Acquire { key: key("acme"), region: "eu-west".into(), holder: "h".into(), want: 0, request_id: "x".into() }), "invalid"),
-        (Command::Acquire(Acquire { key: key("acme"), region: "mars".into(), holder: "h".into(), want: T, request_id: "x".into() }), "not found"),
-        (Command::Acquire(Acquire { key: PolicyKey { domain: "nope".into(), entries: vec![("tenant".into(), "a".into())] }, region: "eu-west".into(), holder: "h".into(), want: T, request_id: "x".into() }), "not found"),
-        (Command::Acquire(Acquire { key: PolicyKey { domain: "api".into(), entries: vec![("tenant".into(), String::new())] }, region: "eu-west".into(), holder: "h".into(), want: T, request_id: "x".into() }), "invalid"),
-        (Command::Acquire(Acquire { key: PolicyKey { domain: "api".into(), entries: vec![("user".into(), "u".into())] }, region: "eu-west".into(), holder: "h".into(), want: T, request_id: "x".into() }), "not found"),
-        (Command::Acquire(Acquire { key: key("acme"), region: "eu-west".into(), holder: String::new(), want: T, request_id: "x".into() }), "invalid"),
+        (Command::Acquire(Acquire { key: key("acme"), region: "eu-west".into(), holder: "h".into(), want: 0, demand_per_s: 0, request_id: "x".into() }), "invalid"),
+        (Command::Acquire(Acquire { key: key("acme"), region: "mars".into(), holder: "h".into(), want: T, demand_per_s: 0, request_id: "x".into() }), "not found"),
+        (Command::Acquire(Acquire { key: PolicyKey { domain: "nope".into(), entries: vec![("tenant".into(), "a".into())] }, region: "eu-west".into(), holder: "h".into(), want: T, demand_per_s: 0, request_id: "x".into() }), "not found"),
+        (Command::Acquire(Acquire { key: PolicyKey { domain: "api".into(), entries: vec![("tenant".into(), String::new())] }, region: "eu-west".into(), holder: "h".into(), want: T, demand_per_s: 0, request_id: "x".into() }), "invalid"),
+        (Command::Acquire(Acquire { key: PolicyKey { domain: "api".into(), entries: vec![("user".into(), "u".into())] }, region: "eu-west".into(), holder: "h".into(), want: T, demand_per_s: 0, request_id: "x".into() }), "not found"),
+        (Command::Acquire(Acquire { key: key("acme"), region: "eu-west".into(), holder: String::new(), want: T, demand_per_s: 0, request_id: "x".into() }), "invalid"),
         (Command::PutPolicy { yaml: "domain: api\ndescriptors: [{key: k, rate_limit: {unit: second, requests_per_unit: 0}}]\n".into(), expected_version: 1 }, "invalid"),
         (Command::PutPolicy { yaml: REGIONAL.into(), expected_version: 7 }, "failed precondition"),
         (Command::SetShares { policy: "nope".into(), shares: vec![], config_version: 1 }, "not found"),
@@ -646,6 +655,7 @@ fn idle_keys_are_evicted_at_the_cap_active_ones_are_not() {
                 region: "eu".into(),
                 holder: "gw".into(),
                 want: T,
+                demand_per_s: 0,
                 request_id: id.into(),
             }),
             t,

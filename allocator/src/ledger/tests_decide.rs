@@ -146,6 +146,7 @@ fn bad_decides_are_refused_and_change_nothing() {
             region: "eu".into(),
             holder: "gw1".into(),
             want: T,
+            demand_per_s: 0,
             request_id: "used-by-decide".into(),
         }),
     ];
@@ -205,6 +206,7 @@ fn a_batch_is_its_commands_in_order_at_one_time() {
             region: "eu".into(),
             holder: "gw2".into(),
             want: 5 * T,
+            demand_per_s: 0,
             request_id: "a1".into(),
         }),
         Command::Batch(vec![Command::Tick]),

@@ -40,6 +40,9 @@ pub struct Acquire {
     pub holder: String,
     /// Microtokens wanted over one lease period; > 0.
     pub want: u64,
+    /// The holder's measured demand, microtokens per second; 0 when it does not know. Weighs
+    /// its region's claim in the division among regions (seed §20–22).
+    pub demand_per_s: u64,
     /// Client-chosen id: a retry with the same (holder, id) gets the same answer, charged once.
     pub request_id: String,
 }

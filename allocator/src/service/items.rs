@@ -32,6 +32,7 @@ pub fn acquire_command(b: pb::AcquireRequest) -> Option<Command> {
         region: b.region,
         holder: b.holder,
         want: b.want,
+        demand_per_s: b.demand_per_s,
         request_id: b.request_id,
     }))
 }

@@ -135,6 +135,7 @@ async fn batch_and_decide_through_a_follower_answer_every_item_in_order() {
         region: "eu-west".into(),
         holder: "gw1".into(),
         want: 5 * T,
+        demand_per_s: 0,
         request_id: "a1".into(),
     };
     let no_key = pb::DecideRequest {

@@ -23,6 +23,7 @@
 //!           lease: {ttl_ms: 5000, max_grant: 20, max_drift_ms: 500}   # allocator leasing
 //!           quota: {limit: 20000000, period: month}                  # calendar budget (UTC)
 //!           regions: [{region: eu-west, share: "50%"}, {region: us-east, rate: 4}]
+//!           shares_mode: weighted   # weighted (shares are guarantees and weights) | cap
 //!         shadow_mode: false
 //! ```
 
@@ -151,6 +152,18 @@ pub struct RegionShare {
     pub share_ppm: u32,
 }
 
+/// How a global limit's regional shares divide it (seed §20–22).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum SharesMode {
+    /// Shares are guaranteed minimums and weights: a region with demand gets at least its
+    /// share within one handoff, and what idle regions leave is divided among the busy ones by
+    /// weight (weighted max-min by demand). A share of 0 still means nothing.
+    #[default]
+    Weighted,
+    /// Shares are hard caps that only an operator moves (`allotctl shares set`).
+    Cap,
+}
+
 /// Parts per million in a whole.
 pub const PPM: u32 = 1_000_000;
 
@@ -204,6 +217,8 @@ pub struct Rule {
     pub lease: LeaseSettings,
     /// Regional shares; empty means every region draws from the one global bucket.
     pub regions: Vec<RegionShare>,
+    /// How `regions` divide the limit (`shares_mode`, default weighted).
+    pub shares_mode: SharesMode,
     /// Config file it came from.
     pub source: PathBuf,
 }

@@ -54,6 +54,7 @@ pub(crate) struct RawRateLimit {
     pub quota: Option<RawQuota>,
     pub lease: Option<RawLease>,
     pub regions: Option<Vec<RawRegion>>,
+    pub shares_mode: Option<Scalar>,
 }
 
 /// `rate_limit.quota`: a calendar budget the allocator's grants also draw from.

@@ -3,7 +3,8 @@
 use super::raw::{RawDescriptor, RawDomain, RawRateLimit, Scalar};
 use super::{
     CalendarPeriod, CalendarQuota, Children, ConfigError, DomainConfig, FailureMode, LeaseSettings,
-    Node, RegionShare, Rule, RuleLimit, Scope, Unit, DEFAULT_MAX_KEYS, MAX_SLIDING_LOG_LIMIT, PPM,
+    Node, RegionShare, Rule, RuleLimit, Scope, SharesMode, Unit, DEFAULT_MAX_KEYS,
+    MAX_SLIDING_LOG_LIMIT, PPM,
 };
 use crate::algorithm::{AlgorithmKind, LimitParams};
 use crate::descriptor::MAX_PART_BYTES;
@@ -456,7 +457,19 @@ fn rule(
             share_ppm,
         });
     }
+    let shares_mode = match cx.text(&f("shares_mode"), rl.shares_mode.as_ref())? {
+        None | Some("weighted") => SharesMode::Weighted,
+        Some("cap") => SharesMode::Cap,
+        Some(_) => {
+            return Err(cx.invalid(
+                &f("shares_mode"),
+                rl.shares_mode.as_ref(),
+                "must be weighted or cap",
+            ))
+        }
+    };
     Ok(Rule {
+        shares_mode,
         max_in_flight,
         fuse,
         quota,
@@ -619,6 +632,26 @@ mod tests {
         // Default lease: a quarter of the capacity, whole tokens, at least one.
         let d = domain("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 2}\n", Path::new("t.yaml")).unwrap();
         assert_eq!(d.rules[0].lease.max_grant, MICROS_PER_TOKEN);
+    }
+
+    #[test]
+    fn shares_mode_defaults_to_weighted_and_rejects_unknown_values() {
+        let yaml = |mode: &str| {
+            format!("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {{unit: second, requests_per_unit: 10, {mode}regions: [{{region: a, share: \"60%\"}}]}}\n")
+        };
+        let d = domain(&yaml(""), Path::new("t.yaml")).unwrap();
+        assert_eq!(d.rules[0].shares_mode, SharesMode::Weighted);
+        let d = domain(&yaml("shares_mode: cap, "), Path::new("t.yaml")).unwrap();
+        assert_eq!(d.rules[0].shares_mode, SharesMode::Cap);
+        let d = domain(&yaml("shares_mode: weighted, "), Path::new("t.yaml")).unwrap();
+        assert_eq!(d.rules[0].shares_mode, SharesMode::Weighted);
+        let e = err(&yaml("shares_mode: hard, "));
+        assert!(
+            e.contains("shares_mode") && e.contains("hard") && e.contains("weighted or cap"),
+            "{e}"
+        );
+        let e = err(&yaml("shares_mode: 1, "));
+        assert!(e.contains("shares_mode"), "{e}");
     }
 
     #[test]

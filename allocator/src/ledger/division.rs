@@ -1,0 +1,358 @@
+//! Division of one policy key among its regions (seed §20–22). With `shares_mode: cap` each
+//! region's part is its share, moved only by an operator. With `shares_mode: weighted` (the
+//! default) shares are guaranteed minimums and weights: each region's claim comes from the
+//! Acquires it sent recently (their wants and measured demand), [`region_parts`] divides the key
+//! by weighted max-min, and [`Parts::hand_off`](super::handoff::Parts::hand_off) moves the parts
+//! there through the versioned handoff, so a part taken from one region is granted to another
+//! only after the allocations granted under the larger part are gone.
+
+use super::fair_share::{one_token_ppm, region_parts, RegionClaim};
+use super::{KeyId, KeyState, Ledger};
+use allot_common::algorithm::LimitParams;
+use allot_common::config::{Rule, RuleLimit, SharesMode, PPM};
+use allot_common::units::{Micros, NANOS_PER_SEC};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// What one request says about its holder's demand: an Acquire's want and measured demand, or
+/// a central decision's cost.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Demand<'a> {
+    /// Holder (agent id).
+    pub(super) holder: &'a str,
+    /// Microtokens wanted over one lease period (a decision's cost).
+    pub(super) want: Micros,
+    /// Measured demand, microtokens per second; 0 when unknown.
+    pub(super) demand_per_s: u64,
+}
+
+/// A holder's latest Acquire (or Decide) for one key, kept for fair division.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub(super) struct Ask {
+    /// Microtokens wanted over one lease period.
+    pub(super) want: Micros,
+    /// Measured demand, microtokens per second; 0 when the holder did not say.
+    pub(super) demand_per_s: u64,
+    /// When it asked, Unix ms.
+    pub(super) at_ms: u64,
+    /// When the holder was last denied for this key, Unix ms (0: never).
+    pub(super) denied_at_ms: u64,
+}
+
+impl Ask {
+    /// The holder's demand rate, microtokens per second: its measured demand, else its want
+    /// spread over the lease (`ttl_ms` > 0).
+    fn rate_per_s(&self, ttl_ms: u64) -> u64 {
+        if self.demand_per_s > 0 {
+            return self.demand_per_s;
+        }
+        let r = u128::from(self.want) * 1000 / u128::from(ttl_ms.max(1));
+        u64::try_from(r).unwrap_or(u64::MAX)
+    }
+}
+
+/// How long a region counts as busy after its last Acquire, ms: a holder with demand renews
+/// before its allocation dies, at most a lease plus the drift after its previous grant.
+fn idle_after_ms(rule: &Rule) -> u64 {
+    rule.lease.ttl_ms.saturating_add(rule.lease.max_drift_ms)
+}
+
+/// `micros_per_s` as parts per million of `params`' rate (saturating at `u32::MAX`).
+fn rate_ppm(params: &LimitParams, micros_per_s: u64) -> u32 {
+    let (micros, per_ns) = match *params {
+        LimitParams::TokenBucket { rate, .. } | LimitParams::Gcra { rate, .. } => {
+            (rate.micros, rate.per_ns)
+        }
+        LimitParams::FixedWindow(w)
+        | LimitParams::SlidingWindow(w)
+        | LimitParams::SlidingLog(w) => (w.limit, w.period_ns),
+    };
+    // d × per_ns × 10⁶ / (micros × 10⁹) in u128; a product beyond u128 saturates.
+    let num = u128::from(micros_per_s) * u128::from(per_ns);
+    let den = u128::from(micros.max(1)) * u128::from(NANOS_PER_SEC);
+    let ppm = num
+        .checked_mul(u128::from(PPM))
+        .map_or(u128::MAX, |n| n / den.max(1));
+    u32::try_from(ppm).unwrap_or(u32::MAX)
+}
+
+/// What the recent requests of one region show, for its claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Seen {
+    /// It asked within the idle window.
+    asked: bool,
+    /// One of its holders was denied within the idle window.
+    denied: bool,
+    /// Σ of its holders' demand, ppm of the policy's rate.
+    demand_ppm: u32,
+    /// Its part now, ppm.
+    part_ppm: u32,
+    /// The part a pending raise is taking it to, ppm (0 when none).
+    pending_ppm: u32,
+}
+
+impl Seen {
+    /// The region's claim in the division (see [`region_parts`]), given its share `g` and
+    /// whether the key is still fresh:
+    /// * a region whose holders are denied while it uses (nearly) all of its part is *hungry*:
+    ///   it may want more than it can show, so it claims a quarter more than its part (it grows
+    ///   by that much per handoff), at least its guarantee, and what is spare goes to it first;
+    /// * any other region claims its demand with an eighth of headroom (a region at that part
+    ///   is not hungry, so a steady region stays where it is);
+    /// * a region whose raise still waits for free space keeps claiming it: what it measures
+    ///   meanwhile is only what its smaller part allowed;
+    /// * while the key is fresh every region claims at least its guarantee (one request says
+    ///   little about a region's demand), and a region that has not asked claims just that.
+    fn claim(&self, g: u32, fresh: bool) -> RegionClaim {
+        let (demand, part) = (self.demand_ppm, self.part_ppm);
+        let saturated = part > 0 && u64::from(demand) * 16 >= u64::from(part) * 15;
+        let hungry = self.asked && self.denied && saturated;
+        let claim = if hungry {
+            let used = demand.max(part);
+            used.saturating_add(used / 4).max(g)
+        } else {
+            demand.saturating_add(demand / 8)
+        };
+        let claim = claim.max(self.pending_ppm);
+        let claim = match (self.asked, fresh) {
+            (false, _) => g,
+            (true, true) => claim.max(g),
+            (true, false) => claim,
+        };
+        RegionClaim {
+            guarantee_ppm: g,
+            demand_ppm: Some(claim),
+            busy: self.asked || fresh,
+            hungry,
+        }
+    }
+}
+
+impl Ledger {
+    /// Records `d` as its holder's latest ask for `kid` in `region` and forgets asks of the
+    /// same region older than the idle window.
+    pub(super) fn record_ask(
+        &mut self,
+        kid: &KeyId,
+        region: &str,
+        d: &Demand<'_>,
+        rule: &Rule,
+        now: u64,
+    ) {
+        let idle = idle_after_ms(rule);
+        let asks = self
+            .demands
+            .entry((kid.clone(), region.to_string()))
+            .or_default();
+        asks.retain(|_, x| x.at_ms.saturating_add(idle) > now);
+        let denied_at_ms = asks.get(d.holder).map_or(0, |x| x.denied_at_ms);
+        asks.insert(
+            d.holder.to_string(),
+            Ask {
+                want: d.want,
+                demand_per_s: d.demand_per_s,
+                at_ms: now,
+                denied_at_ms,
+            },
+        );
+    }
+
+    /// Notes that `holder`'s request for `kid` in `region` was denied at `now`: its region is
+    /// hungry (see [`RegionClaim::hungry`]) while it uses all of its part.
+    pub(super) fn note_denied(&mut self, kid: &KeyId, region: &str, holder: &str, now: u64) {
+        if let Some(x) = self
+            .demands
+            .get_mut(&(kid.clone(), region.to_string()))
+            .and_then(|m| m.get_mut(holder))
+        {
+            x.denied_at_ms = now;
+        }
+    }
+
+    /// The wants of the holders of `region` that asked for `kid` within the last lease, with
+    /// `d.holder`'s own slot set to `d.want`, and the index of that slot (for max-min division
+    /// inside the region).
+    pub(super) fn holder_wants(
+        &self,
+        kid: &KeyId,
+        region: &str,
+        d: &Demand<'_>,
+        ttl_ms: u64,
+        now: u64,
+    ) -> (Vec<u64>, usize) {
+        let mut wants: Vec<u64> = self
+            .demands
+            .get(&(kid.clone(), region.to_string()))
+            .into_iter()
+            .flat_map(|m| m.iter())
+            .filter(|(h, x)| *h != d.holder && x.at_ms.saturating_add(ttl_ms) > now)
+            .map(|(_, x)| x.want)
+            .collect();
+        wants.push(d.want);
+        let me = wants.len() - 1;
+        (wants, me)
+    }
+
+    /// Re-divides `kid` among its rule's regions and moves the parts by handoff (module docs).
+    /// Called whenever the key is touched: before a grant, when an allocation ends, when the
+    /// shares change. A key without regional shares is left alone.
+    pub(super) fn rebalance_key(&mut self, kid: &KeyId, now: u64) {
+        let Some(rule) = self.rule_by_id(&kid.0) else {
+            return;
+        };
+        let Some(ps) = self.shares.get(&kid.0).filter(|p| !p.regions.is_empty()) else {
+            return;
+        };
+        let Some(ks) = self.keys.get(kid) else {
+            return;
+        };
+        let targets: BTreeMap<String, u32> = ps
+            .regions
+            .iter()
+            .map(|(r, s)| (r.clone(), s.target_ppm))
+            .collect();
+        let (desired, needs) = match rule.shares_mode {
+            SharesMode::Cap => (targets, None),
+            SharesMode::Weighted => {
+                let (d, n) = self.weighted_parts(kid, ks, rule, &targets, now);
+                (d, Some(n))
+            }
+        };
+        let mut desired = desired;
+        // A raised part settles for half a lease before it may be lowered again: its holders'
+        // next measurements show what it allows.
+        let hold = rule.lease.ttl_ms / 2;
+        if let Some(ks) = self.keys.get_mut(kid) {
+            if let Some(needs) = needs {
+                ks.parts.damp(&mut desired, &needs, now, hold);
+            }
+            ks.parts.hand_off(&desired, now);
+        }
+    }
+
+    /// The weighted max-min parts of `kid` by its regions' recent demand, and what each region
+    /// needs (its guarantee capped by its demand; 0 when idle).
+    fn weighted_parts(
+        &self,
+        kid: &KeyId,
+        ks: &KeyState,
+        rule: &Rule,
+        targets: &BTreeMap<String, u32>,
+        now: u64,
+    ) -> (BTreeMap<String, u32>, BTreeMap<String, u32>) {
+        let RuleLimit::Limited { params, .. } = rule.limit else {
+            return (BTreeMap::new(), BTreeMap::new());
+        };
+        let idle = idle_after_ms(rule);
+        // Every region counts as busy for one idle window after the key appears, claiming at
+        // least its guarantee: the first region to ask does not take what the others are about
+        // to ask for.
+        let fresh = ks.created_ms.saturating_add(idle) > now;
+        let claims: Vec<RegionClaim> = targets
+            .iter()
+            .map(|(region, &g)| {
+                let asks = self.demands.get(&(kid.clone(), region.clone()));
+                let recent = asks
+                    .into_iter()
+                    .flat_map(|m| m.values())
+                    .filter(|x| x.at_ms.saturating_add(idle) > now);
+                let (mut seen, mut denied, mut rate) = (false, false, 0u64);
+                for x in recent {
+                    seen = true;
+                    denied |= x.denied_at_ms > 0 && x.denied_at_ms.saturating_add(idle) > now;
+                    rate = rate.saturating_add(x.rate_per_s(rule.lease.ttl_ms));
+                }
+                let seen_region = Seen {
+                    asked: seen,
+                    denied,
+                    demand_ppm: rate_ppm(&params, rate),
+                    part_ppm: ks.parts.effective(region),
+                    pending_ppm: ks.parts.pending_raise(region),
+                };
+                seen_region.claim(g, fresh)
+            })
+            .collect();
+        let parts = region_parts(&claims, one_token_ppm(params.capacity()));
+        let needs = targets
+            .keys()
+            .zip(&claims)
+            .map(|(r, c)| {
+                let need = if c.busy {
+                    c.demand_ppm
+                        .map_or(c.guarantee_ppm, |d| d.min(c.guarantee_ppm))
+                } else {
+                    0
+                };
+                (r.clone(), need)
+            })
+            .collect();
+        (targets.keys().cloned().zip(parts).collect(), needs)
+    }
+
+    /// The rule with id `id`, in any domain.
+    pub(super) fn rule_by_id(&self, id: &str) -> Option<&Rule> {
+        self.parsed
+            .values()
+            .flat_map(|d| d.rules.iter())
+            .find(|r| r.id == id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use allot_common::algorithm::Rate;
+    use allot_common::units::MICROS_PER_TOKEN as T;
+
+    #[test]
+    fn demand_is_measured_in_parts_of_the_policy_rate() {
+        let bucket = LimitParams::TokenBucket {
+            capacity: 40 * T,
+            rate: Rate {
+                micros: 10 * T,
+                per_ns: NANOS_PER_SEC,
+            },
+        };
+        assert_eq!(rate_ppm(&bucket, 5 * T), 500_000);
+        assert_eq!(rate_ppm(&bucket, 0), 0);
+        assert_eq!(rate_ppm(&bucket, u64::MAX), u32::MAX);
+        let window = LimitParams::FixedWindow(allot_common::algorithm::WindowParams {
+            limit: 60 * T,
+            period_ns: 60 * NANOS_PER_SEC,
+        });
+        assert_eq!(rate_ppm(&window, T / 2), 500_000);
+        // A huge period times a huge demand saturates instead of overflowing.
+        let slow = LimitParams::TokenBucket {
+            capacity: T,
+            rate: Rate {
+                micros: 1,
+                per_ns: u64::MAX,
+            },
+        };
+        assert_eq!(rate_ppm(&slow, u64::MAX), u32::MAX);
+    }
+
+    #[test]
+    fn an_ask_without_measured_demand_spreads_its_want_over_the_lease() {
+        let a = Ask {
+            want: 8 * T,
+            demand_per_s: 0,
+            at_ms: 0,
+            denied_at_ms: 0,
+        };
+        assert_eq!(a.rate_per_s(2000), 4 * T);
+        assert_eq!(a.rate_per_s(0), 8_000 * T);
+        let b = Ask {
+            demand_per_s: 3 * T,
+            ..a
+        };
+        assert_eq!(b.rate_per_s(2000), 3 * T);
+        let c = Ask {
+            want: u64::MAX,
+            demand_per_s: 0,
+            at_ms: 0,
+            denied_at_ms: 0,
+        };
+        assert_eq!(c.rate_per_s(1), u64::MAX);
+    }
+}
