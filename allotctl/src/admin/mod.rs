@@ -96,8 +96,9 @@ pub enum PolicyCommand {
 /// `allotctl shares …`
 #[derive(Subcommand, Debug)]
 pub enum SharesCommand {
-    /// Set region shares of a policy (a versioned handoff: lowered shares are held back until
-    /// the allocations granted under them are released or expire).
+    /// Set region shares of a policy: guaranteed minimums and weights of the division by demand
+    /// (hard caps with `shares_mode: cap`). Every key's parts move by versioned handoff: a
+    /// lowered part is held back until the allocations granted under it are released or expire.
     Set {
         #[command(flatten)]
         target: Target,
