@@ -346,6 +346,9 @@ fn region_status(r: ledger::RegionStatus) -> pb::RegionStatus {
         reported: r.reported,
         stranded: r.stranded,
         overshoot_bound: r.overshoot_bound,
+        part_ppm: r.share_ppm,
+        share_ppm: r.guarantee_ppm,
+        reserved_ppm: r.reserved_ppm,
     }
 }
 

@@ -285,6 +285,7 @@ impl Ledger {
             };
             q.limit.saturating_sub(used)
         });
+        let guarantees = self.shares.get(&rule.id);
         let regions = ks
             .regions
             .iter()
@@ -296,6 +297,14 @@ impl Ledger {
                 stranded: r.stranded,
                 overshoot_bound: r.granted_live - r.reported_live,
                 share_ppm: ks.parts.by_region.get(name).map(|p| p.effective_ppm),
+                guarantee_ppm: guarantees
+                    .and_then(|g| g.regions.get(name))
+                    .map(|g| g.target_ppm),
+                reserved_ppm: ks
+                    .parts
+                    .by_region
+                    .get(name)
+                    .map_or(0, |p| p.reserved_ppm.saturating_sub(p.effective_ppm)),
             })
             .collect();
         Ok(KeyStatus {

@@ -536,6 +536,27 @@ fn handoff_also_completes_when_the_old_allocation_expires() {
             .and_then(|r| r.share_ppm)
     };
     acquire(&mut l, T0 + 2, "eu-west", "eu1", T, "e1");
+    // The status shows the handoff in progress: ap-south's part is 0 and its configured share 0,
+    // with its old 10 % still held back for its live allocation.
+    let status = l.status(&key("acme"), T0 + 2).unwrap();
+    let ap_row = status
+        .regions
+        .iter()
+        .find(|r| r.region == "ap-south")
+        .unwrap();
+    assert_eq!(
+        (ap_row.share_ppm, ap_row.guarantee_ppm, ap_row.reserved_ppm),
+        (Some(0), Some(0), 100_000)
+    );
+    let eu_row = status
+        .regions
+        .iter()
+        .find(|r| r.region == "eu-west")
+        .unwrap();
+    assert_eq!(
+        (eu_row.share_ppm, eu_row.guarantee_ppm, eu_row.reserved_ppm),
+        (Some(500_000), Some(600_000), 0)
+    );
     l.apply_at(&Command::Tick, ap.expires_at_ms + 99);
     assert_eq!(eu_share(&l, ap.expires_at_ms + 99), Some(500_000));
     l.apply_at(&Command::Tick, ap.expires_at_ms + 100);

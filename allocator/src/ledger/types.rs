@@ -230,8 +230,15 @@ pub struct RegionStatus {
     pub stranded: u64,
     /// Σ(granted − reported) over live allocations, microtokens.
     pub overshoot_bound: u64,
-    /// Effective share in parts per million, when the policy has regional shares.
+    /// The region's part of this key now (what new grants may use), parts per million, when
+    /// the policy has regional shares.
     pub share_ppm: Option<u32>,
+    /// The region's configured share (guarantee and weight, or cap), ppm, when the policy has
+    /// regional shares.
+    pub guarantee_ppm: Option<u32>,
+    /// What a lowered part still holds back above `share_ppm` until the allocations granted
+    /// under the larger part end (a handoff in progress), ppm.
+    pub reserved_ppm: u32,
 }
 
 /// Status of one policy key.

@@ -95,7 +95,46 @@ pub fn key_status_text(s: &pb::StatusResponse) -> String {
         out.push('\n');
     }
     out.push_str("(tokens; live, granted, reported and the overshoot bound cover live allocations; stranded is cumulative)\n");
+    let parts: Vec<String> = s
+        .regions
+        .iter()
+        .filter(|r| r.part_ppm.is_some())
+        .map(|r| format!("{} {}", r.region, part(r)))
+        .collect();
+    if !parts.is_empty() {
+        out.push_str(&format!(
+            "parts now (configured share): {}\n",
+            parts.join(", ")
+        ));
+    }
     out
+}
+
+/// Parts per million as a percentage with up to four decimals, e.g. 662500 → "66.25%".
+fn percent(ppm: u32) -> String {
+    let whole = ppm / 10_000;
+    let frac = ppm % 10_000;
+    if frac == 0 {
+        return format!("{whole}%");
+    }
+    let f = format!("{frac:04}");
+    format!("{whole}.{}%", f.trim_end_matches('0'))
+}
+
+/// A region's part and share, e.g. "66.25% (50%)", with a handoff in progress noted; "-" when
+/// the policy has no regional shares.
+fn part(r: &pb::RegionStatus) -> String {
+    let Some(p) = r.part_ppm else {
+        return "-".into();
+    };
+    let mut s = percent(p);
+    if let Some(g) = r.share_ppm {
+        s.push_str(&format!(" ({})", percent(g)));
+    }
+    if r.reserved_ppm > 0 {
+        s.push_str(&format!(" +{} held", percent(r.reserved_ppm)));
+    }
+    s
 }
 
 /// A key's status as JSON, quantities in raw microtokens.
@@ -117,6 +156,9 @@ pub fn key_status_json(s: &pb::StatusResponse) -> Value {
             "reported_micros": r.reported,
             "stranded_micros": r.stranded,
             "overshoot_bound_micros": r.overshoot_bound,
+            "part_ppm": r.part_ppm,
+            "share_ppm": r.share_ppm,
+            "reserved_ppm": r.reserved_ppm,
         })).collect::<Vec<_>>(),
     })
 }
@@ -226,6 +268,9 @@ mod tests {
                 reported: 2_250_000,
                 stranded: 0,
                 overshoot_bound: 5_750_000,
+                part_ppm: Some(662_500),
+                share_ppm: Some(500_000),
+                reserved_ppm: 0,
             }],
         };
         let t = key_status_text(&s);
@@ -235,7 +280,28 @@ mod tests {
         );
         assert!(t.contains("eu-west"), "{t}");
         assert!(t.contains("5.75"), "{t}");
+        assert!(
+            t.contains("parts now (configured share): eu-west 66.25% (50%)"),
+            "{t}"
+        );
         let j = key_status_json(&s);
         assert_eq!(j["regions"][0]["overshoot_bound_micros"], 5_750_000);
+        assert_eq!(j["regions"][0]["part_ppm"], 662_500);
+        assert_eq!(j["regions"][0]["share_ppm"], 500_000);
+        // Extremes of the percentage.
+        assert_eq!(percent(0), "0%");
+        assert_eq!(percent(1), "0.0001%");
+        assert_eq!(percent(1_000_000), "100%");
+        assert_eq!(percent(u32::MAX), "429496.7295%");
+        let held = pb::RegionStatus {
+            reserved_ppm: 100_000,
+            ..s.regions[0].clone()
+        };
+        assert_eq!(part(&held), "66.25% (50%) +10% held");
+        let none = pb::RegionStatus {
+            part_ppm: None,
+            ..s.regions[0].clone()
+        };
+        assert_eq!(part(&none), "-");
     }
 }
