@@ -429,3 +429,60 @@ fn a_burst_over_both_regions_is_split_by_guarantee_not_first_come() {
     assert!(eu + us <= 40, "{eu} + {us} beyond the burst");
     assert!(eu >= 16 && us >= 16, "eu-west {eu}, us-east {us}");
 }
+
+proptest::proptest! {
+    #![proptest_config(proptest::test_runner::Config::with_cases(64))]
+
+    /// Whatever the demand sequence: the parts held never add up to more than the whole, and
+    /// what is granted never exceeds the contract (burst 1000 + 1000/s × elapsed).
+    #[test]
+    fn random_demand_keeps_parts_within_the_whole_and_grants_within_the_contract(
+        steps in proptest::collection::vec(
+            (0u64..700, 0usize..3, 0usize..3, 1u64..=400, 0u64..=800, proptest::bool::ANY),
+            1..120,
+        ),
+    ) {
+        let regions = ["eu-west", "us-east", "ap-south"];
+        let mut d = Driver::new(SEARCH, "search", 2500, 400);
+        let mut granted = 0u64;
+        let mut live: Vec<(u64, u64, u64)> = Vec::new();
+        for (dt, r, h, want, demand, release) in steps {
+            d.now += dt;
+            let now = d.now;
+            let key = d.key();
+            if release && !live.is_empty() {
+                let (id, epoch, g) = live.remove(0);
+                d.ledger.apply_at(
+                    &Command::Release { allocation_id: id, epoch, final_spend: g },
+                    now,
+                );
+            }
+            let cmd = Command::Acquire(Acquire {
+                key,
+                region: regions[r].into(),
+                holder: format!("{}-{h}", regions[r]),
+                want: want * T,
+                demand_per_s: demand * T,
+                request_id: format!("{now}-{r}-{h}"),
+            });
+            if let Response::Granted(g) = d.ledger.apply_at(&cmd, now) {
+                granted += g.granted;
+                live.push((g.allocation_id, g.epoch, g.granted));
+            }
+            let elapsed = now - T0;
+            proptest::prop_assert!(
+                granted <= (1000 + elapsed) * T,
+                "granted {} tokens in {} ms", granted / T, elapsed
+            );
+            for ks in d.ledger.keys.values() {
+                let held: u64 = ks
+                    .parts
+                    .by_region
+                    .values()
+                    .map(|p| u64::from(p.effective_ppm.max(p.reserved_ppm)))
+                    .sum();
+                proptest::prop_assert!(held <= u64::from(allot_common::config::PPM), "{held}");
+            }
+        }
+    }
+}
