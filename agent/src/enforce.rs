@@ -24,6 +24,17 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+/// How a round of waiting for the allocator ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Waited {
+    /// Every call waited for was answered: decide again.
+    Answered,
+    /// The wait bound passed first: decide once more, for the last time.
+    TimedOut,
+    /// Nothing to wait for changes the outcome (a local limit denied; the agent is stopping).
+    Final,
+}
+
 /// Most rounds of waiting for allocator answers and deciding again within one request's wait.
 const MAX_WAIT_ROUNDS: usize = 8;
 
@@ -214,18 +225,24 @@ impl Enforcer {
             if !outcome.awaiting_lease {
                 break;
             }
-            if !self.wait_for_calls(&current, req, statuses, deadline).await {
-                if tokio::time::Instant::now() >= deadline {
-                    counters.wait_timeouts.fetch_add(1, Ordering::Relaxed);
-                }
+            let waited = self.wait_for_calls(&current, req, statuses, deadline).await;
+            if waited == Waited::Final {
                 break;
+            }
+            if waited == Waited::TimedOut {
+                counters.wait_timeouts.fetch_add(1, Ordering::Relaxed);
             }
             // The config may have changed while waiting: decide with the one current now.
             current = self.current.load_full();
             if let Some(log) = charges {
                 log.clear();
             }
+            // After a timeout this decision is the last: the keys whose calls are outstanding
+            // past the wait now stand as unreachable (their failure mode applies).
             outcome = self.decide_in(&current, req, statuses, charges)?;
+            if waited == Waited::TimedOut {
+                break;
+            }
         }
         let waited = started.elapsed().as_nanos();
         counters
@@ -236,15 +253,16 @@ impl Enforcer {
 
     /// Waits for the allocator on behalf of every denied descriptor of `req` that waiting can
     /// change: a central key's request sends its own `Decide` (all of them in one `Batch`);
-    /// a leased key's waits for the key's call in flight. False when `deadline` came first or
-    /// a local limit denied (no answer can change that): then the outcome is final.
+    /// a leased key's waits for the key's call in flight. A central key whose `Decide` is not
+    /// answered by `deadline` is recorded as unreachable (its own call is outstanding past the
+    /// wait bound, as a leased key's is by [`Standing`]).
     async fn wait_for_calls(
         &self,
         current: &Current,
         req: &Request<'_>,
         statuses: &[DescriptorStatus],
         deadline: tokio::time::Instant,
-    ) -> bool {
+    ) -> Waited {
         let now = self.clock.now();
         let bound = self.settings().cold_wait_ms.saturating_mul(NANOS_PER_MILLI);
         let mut asked: ArrayVec<_, MAX_DESCRIPTORS> = ArrayVec::new();
@@ -258,7 +276,7 @@ impl Enforcer {
                 .rule_index
                 .and_then(|ri| current.leases.existing(req.domain, ri, d.entries))
             else {
-                return false; // a local limit denied: final
+                return Waited::Final; // a local limit denied: no answer changes that
             };
             if kl.value.protocol.standing(now, bound) != Standing::Ask {
                 // Answered since the decision (a denial, or the failure mode): deciding again
@@ -268,16 +286,23 @@ impl Enforcer {
             if self.book.is_central(&kl.value) {
                 let cost = tokens_to_micros(req.cost_tokens(i));
                 match self.book.decide_centrally(&kl, cost) {
-                    Some(rx) => asked.push(rx),
-                    None => return false, // stopping: nothing will be asked
+                    Some(rx) => asked.push((kl, rx)),
+                    None => return Waited::Final, // stopping: nothing will be asked
                 }
             } else {
                 in_flight.push(kl);
             }
         }
-        for rx in asked {
+        let mut waited = Waited::Answered;
+        for (kl, rx) in asked {
             if tokio::time::timeout_at(deadline, rx).await.is_err() {
-                return false;
+                let backoff = self.settings().error_backoff_ms;
+                let until = self
+                    .clock
+                    .now()
+                    .saturating_add(backoff.saturating_mul(NANOS_PER_MILLI));
+                kl.value.protocol.record_failure(until);
+                waited = Waited::TimedOut;
             }
         }
         for kl in in_flight {
@@ -285,10 +310,10 @@ impl Enforcer {
             // Register for the wake-up before checking, so a finish in between is not missed.
             let finished = p.finished();
             if p.in_flight() && tokio::time::timeout_at(deadline, finished).await.is_err() {
-                return false;
+                waited = Waited::TimedOut;
             }
         }
-        true
+        waited
     }
 
     /// Decides `req` as [`decide`](Self::decide) and returns the config snapshot that decided

@@ -143,15 +143,47 @@ impl Metrics {
         let b = book.clone();
         meter
             .u64_observable_counter("allot_agent_allocator_rpcs")
-            .with_description("Allocator RPCs sent, by kind")
+            .with_description(
+                "Allocator work items sent, by kind (they travel in Batch calls, or one per call \
+                 to an allocator without Batch)",
+            )
             .with_callback(move |o| {
                 let c = &b.counters;
                 for (kind, v) in [
                     ("acquire", &c.acquires),
                     ("report", &c.reports),
                     ("release", &c.releases),
+                    ("decide", &c.decides),
                 ] {
                     o.observe(v.load(Ordering::Relaxed), &[KeyValue::new("kind", kind)]);
+                }
+            })
+            .build();
+        let b = book.clone();
+        meter
+            .u64_observable_counter("allot_agent_allocator_calls")
+            .with_description("Allocator calls sent: one Batch, or one single call of the fallback")
+            .with_callback(move |o| o.observe(b.counters.calls.load(Ordering::Relaxed), &[]))
+            .build();
+        let b = book.clone();
+        meter
+            .u64_observable_counter("allot_agent_central_admits")
+            .with_description("Decisions admitted by the allocator's central decision (Decide)")
+            .with_callback(move |o| {
+                o.observe(b.counters.central_admits.load(Ordering::Relaxed), &[])
+            })
+            .build();
+        let b = book.clone();
+        meter
+            .u64_observable_counter("allot_agent_key_moves")
+            .with_description(
+                "Keys moved between central decisions and leases: to=leased (promoted) or \
+                 to=central (demoted)",
+            )
+            .with_callback(move |o| {
+                let c = &b.counters;
+                for (to, v) in [("leased", &c.promotions), ("central", &c.demotions)] {
+                    o.observe(v.load(Ordering::Relaxed), &[KeyValue::new("to", to)]);
                 }
             })
             .build();

@@ -428,6 +428,11 @@ pub fn status(g: &Gateway) -> Value {
             "failure_denials": c.failure_denials.load(Ordering::Relaxed),
             "fuse_rejects": c.fuse_rejects.load(Ordering::Relaxed),
             "key_refusals": c.key_refusals.load(Ordering::Relaxed),
+            "decides": c.decides.load(Ordering::Relaxed),
+            "central_admits": c.central_admits.load(Ordering::Relaxed),
+            "promotions": c.promotions.load(Ordering::Relaxed),
+            "demotions": c.demotions.load(Ordering::Relaxed),
+            "calls": c.calls.load(Ordering::Relaxed),
         },
     })
 }

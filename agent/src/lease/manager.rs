@@ -225,6 +225,10 @@ impl LeaseManager {
     async fn send_once(&self) -> bool {
         let batch: Vec<Pending> = {
             let mut q = self.queue.lock();
+            // A Decide whose request stopped waiting is not sent: nobody would use its answer,
+            // and it would debit the allocator for nothing.
+            q.items
+                .retain(|p| !matches!(p, Pending::Decide(_, _, done) if done.is_closed()));
             let n = q.items.len().min(MAX_BATCH_ITEMS);
             let batch: Vec<Pending> = q.items.drain(..n).collect();
             for p in &batch {

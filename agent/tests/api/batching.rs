@@ -183,3 +183,30 @@ async fn a_tick_reports_every_key_in_one_batch_per_1024_keys() {
     manager.maintain().await;
     assert_eq!(fake.batches.load(Ordering::SeqCst), 2);
 }
+
+/// Reachability is per key for central keys too: a key whose `Decide`s fail (here, an
+/// OVERLOADED item of a served Batch) follows its failure mode for the error backoff, while
+/// another key's Decides in the same calls are admitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_central_key_whose_decides_fail_follows_its_failure_mode_alone() {
+    let s = served_fully(1_000).await;
+    let g = &s.rig.gateway;
+    s.fake.failing.lock().unwrap().insert("down".into());
+    let o = decide_tenant(g, "down", None).await;
+    assert_eq!(o.code, Code::OverLimit);
+    assert_eq!(
+        o.retry_after,
+        allot_common::RetryAfter::After(500 * MS),
+        "the error backoff"
+    );
+    assert_eq!(counters(&s.rig).failure_denials.load(Ordering::SeqCst), 1);
+    assert_eq!(decide(g, "up").await, Code::Ok);
+    // While its backoff stands, the failing key is denied without a call.
+    let decides = s.fake.decides.load(Ordering::SeqCst);
+    assert_eq!(decide(g, "down").await, Code::OverLimit);
+    assert_eq!(s.fake.decides.load(Ordering::SeqCst), decides);
+    // Recovered and the backoff over: decided centrally again.
+    s.fake.failing.lock().unwrap().clear();
+    s.rig.clock.advance(500 * MS);
+    assert_eq!(decide(g, "down").await, Code::Ok);
+}

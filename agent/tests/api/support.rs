@@ -178,7 +178,8 @@ pub struct FakeAllocator {
     pub wants: Arc<Mutex<Vec<u64>>>,
     /// Held for writing by a test: every Acquire waits (after being counted) until released.
     pub gate: Arc<tokio::sync::RwLock<()>>,
-    /// Descriptor values whose Acquires fail as UNAVAILABLE (reachability is per key).
+    /// Descriptor values whose Acquires and Decides fail as UNAVAILABLE (reachability is per
+    /// key).
     pub failing: Arc<Mutex<HashSet<String>>>,
     /// Serves `Batch` (else UNIMPLEMENTED, as an allocator older than the call).
     pub serve_batch: Arc<std::sync::atomic::AtomicBool>,
@@ -326,6 +327,13 @@ impl Allocator for FakeAllocator {
         self.decides.fetch_add(1, Ordering::Relaxed);
         if !self.serve_decide.load(Ordering::SeqCst) {
             return Err(Status::unimplemented("Decide: not served"));
+        }
+        let fails = r.get_ref().key.as_ref().is_some_and(|k| {
+            let failing = self.failing.lock().unwrap();
+            k.entries.iter().any(|e| failing.contains(&e.value))
+        });
+        if fails {
+            return Err(Status::unavailable("this key's calls fail"));
         }
         let cost = r.get_ref().cost;
         let allowed = self
