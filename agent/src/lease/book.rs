@@ -247,6 +247,8 @@ pub struct LeaseBook {
     /// Central decisions are off: the settings lease every key, or the allocator does not
     /// serve `Decide` (an older version).
     central_off: AtomicBool,
+    /// The lease manager has stopped serving calls (shutdown): nothing is asked any more.
+    stopping: AtomicBool,
     thresholds: Thresholds,
     clock: Arc<dyn Clock>,
     settings: LeaseSettings,
@@ -277,6 +279,7 @@ impl LeaseBook {
             events,
             reachable: AtomicBool::new(true),
             central_off: AtomicBool::new(settings.thresholds().always_leased()),
+            stopping: AtomicBool::new(false),
             thresholds: settings.thresholds(),
             clock,
             settings,
@@ -379,6 +382,13 @@ impl LeaseBook {
     #[inline]
     pub fn is_central(&self, v: &KeyLease) -> bool {
         !v.protocol.is_leased() && !self.central_off.load(Ordering::Relaxed)
+    }
+
+    /// The lease manager stops serving calls (the agent shuts down): from now on a decision
+    /// that finds nothing to spend is denied at once, never waiting for a call that will not
+    /// be made, and never admitted by an emergency bucket (no Release would carry it).
+    pub fn stop_leasing(&self) {
+        self.stopping.store(true, Ordering::Release);
     }
 
     /// The allocator does not serve `Decide`: every key is leased from now on.
@@ -580,6 +590,13 @@ impl LeaseBook {
         take: bool,
     ) -> GlobalDecision<LeaseReservation> {
         let v = &kl.value;
+        if self.stopping.load(Ordering::Acquire) {
+            self.counters
+                .failure_denials
+                .fetch_add(1, Ordering::Relaxed);
+            let wait = self.settings.retry_floor_ns();
+            return denied(remaining, RetryAfter::After(wait), false);
+        }
         match v.protocol.standing(now, ms(self.settings.cold_wait_ms)) {
             Standing::Denied(until) => {
                 // The allocator's own Retry-After (from its bucket), counting down.

@@ -120,6 +120,8 @@ impl LeaseManager {
                 }
             }
         }
+        // Nothing queued from now on is sent: decisions stop waiting for calls.
+        me.book.stop_leasing();
         if let Some(h) = in_flight {
             let _ = h.await;
         }
@@ -310,9 +312,16 @@ impl LeaseManager {
         let now = book.clock().now();
         let v = &p.key().value;
         match &answer {
-            Answer::Unreachable(why) => {
+            // Only a call that brings tokens decides the key's standing: a request of an
+            // exhausted key waits for its own Acquire rather than inherit a failed Report.
+            Answer::Unreachable(why) if matches!(p, Pending::Acquire(_) | Pending::Decide(..)) => {
                 tracing::debug!(domain = %v.domain, why = %why, "allocator unreachable");
                 unreachable(book, v, now);
+            }
+            Answer::Unreachable(why) => {
+                tracing::debug!(domain = %v.domain, why = %why, "allocator unreachable");
+                book.set_reachable(false);
+                book.counters.rpc_errors.fetch_add(1, Ordering::Relaxed);
             }
             Answer::Done(_) | Answer::Fenced | Answer::Refused(_) => book.set_reachable(true),
             Answer::Unsupported => {}

@@ -11,7 +11,7 @@
 //!   allocator's answer (bounded by `cold_wait_ms`), exactly as a cold key does;
 //! - **denied until t**: the allocator said no with a retry time; decisions are denied at once
 //!   with that Retry-After and no call is made, so a rejected flood never reaches it;
-//! - **unreachable until t**: the last call *for this key* failed (or has been outstanding
+//! - **unreachable until t**: the last Acquire or Decide *for this key* failed (or has been outstanding
 //!   longer than the wait bound); decisions follow the rule's failure mode until t.
 //!
 //! Orthogonally, a key is **central** (each request decided by the allocator's `Decide`, one

@@ -394,3 +394,21 @@ fn capacity_comes_from_the_current_rule_not_the_key() {
     assert_eq!(ask(10).0, Code::Ok);
     assert_eq!(a.spent(), 25 * T);
 }
+
+/// Once the lease manager stops (shutdown), a key with nothing to spend is denied at once:
+/// no call is asked for and nobody waits for one that will never be sent.
+#[test]
+fn a_stopping_book_denies_at_once_and_asks_nothing() {
+    let mut r = rig();
+    decide(&r, &[("tenant", "acme")], None);
+    while r.events.try_recv().is_ok() {}
+    install(&r, &[("tenant", "acme")], 0, 1, T, 5000);
+    assert_eq!(decide(&r, &[("tenant", "acme")], None).0, Code::Ok);
+    while r.events.try_recv().is_ok() {}
+    r.enforcer.book().stop_leasing();
+    let (code, _, awaiting) = decide(&r, &[("tenant", "acme")], None);
+    assert_eq!((code, awaiting), (Code::OverLimit, false));
+    assert!(r.events.try_recv().is_err(), "nothing asked");
+    let c = &r.enforcer.book().counters;
+    assert_eq!(c.failure_denials.load(Ordering::Relaxed), 1);
+}
