@@ -1,29 +1,39 @@
-//! Committed Acquire and Report operations per second on a 3-node loopback cluster, with p50 /
-//! p99 latency (issue 3). Not a test: run it in release mode and record the table in
-//! `docs/benchmarks.md`.
+//! Committed decisions (Acquire, Decide, Report) per second on a 3-node loopback cluster with
+//! fsync, with p50 / p99 call latency and Raft entries per second (issue 9 item 3). Not a test:
+//! run it in release mode and record the tables in `docs/benchmarks.md`.
 //!
 //! ```text
-//! cargo bench -p allot-allocator --bench cluster -- --clients 16 --secs 10
+//! cargo bench -p allot-allocator --bench cluster -- --clients 64 --secs 10 --batch 32
 //! ```
 //!
-//! The three nodes run in this process (each with its own sled database in a temporary
-//! directory and its own loopback gRPC server); the clients are gRPC clients of the leader, so
-//! every operation pays the full path: HTTP/2, proposal, replication to a quorum with an fsync
-//! on each node, apply, reply. Each client loops: Acquire one token, then Report its spend.
+//! Four phases, each on a fresh cluster (three nodes in this process, each with its own sled
+//! database in a temporary directory and its own loopback gRPC server; clients are gRPC clients
+//! of the leader, one HTTP/2 connection each, so every call pays the full path: proposal,
+//! replication to a quorum with an fsync on each node, apply, reply):
+//! 1. `unbatched`: every write its own Raft entry (the path before group commit); each client
+//!    loops Acquire one token, then Report its spend;
+//! 2. `grouped unary`: the same calls through the leader's group commit;
+//! 3. `grouped batch`: each client loops one `Batch` call of `--batch` items (half Decides, the
+//!    rest Acquires and Reports of the previous call's grants), as agents send one per tick;
+//! 4. `overload`: open loop at `--overload` times phase 3's rate (Batch calls with a 200 ms
+//!    deadline, started on a fixed schedule whether or not earlier ones returned): goodput,
+//!    decisions committed per second, must stay near the capacity.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use allot_allocator::daemon::{Daemon, DaemonConfig};
-use allot_allocator::raft::{NodeConfig, RaftTimings, SystemClock};
+use allot_allocator::raft::{GroupCommitConfig, NodeConfig, RaftTimings, SystemClock};
 use allot_proto::allot::v1 as pb;
 use allot_proto::allot::v1::allocator_client::AllocatorClient;
 use hdrhistogram::Histogram;
+use pb::batch_item::Op;
+use pb::batch_result::Outcome;
 use tokio::net::TcpListener;
 use tonic::transport::Channel;
 
-/// A policy that never runs dry during the run, so every Acquire is a committed grant.
+/// A policy that never runs dry during the run, so every decision is committed and admitted.
 const POLICY: &str = "domain: bench
 descriptors:
   - key: tenant
@@ -35,17 +45,29 @@ descriptors:
       lease: {ttl_ms: 60000, max_grant: 10, max_drift_ms: 500}
 ";
 
+/// One token, microtokens.
+const T: u64 = 1_000_000;
+
+/// Deadline of each call in the overload phase.
+const OVERLOAD_DEADLINE: Duration = Duration::from_millis(200);
+
 struct Args {
     clients: usize,
     secs: u64,
     warmup_secs: u64,
+    batch: usize,
+    overload: u64,
+    commit: GroupCommitConfig,
 }
 
 fn args() -> Args {
     let mut a = Args {
-        clients: 16,
+        clients: 64,
         secs: 10,
         warmup_secs: 2,
+        batch: 32,
+        overload: 2,
+        commit: GroupCommitConfig::default(),
     };
     let argv: Vec<String> = std::env::args().collect();
     let mut i = 1;
@@ -56,6 +78,12 @@ fn args() -> Args {
             ("--clients", Some(v)) => a.clients = v.max(1) as usize,
             ("--secs", Some(v)) => a.secs = v.max(1),
             ("--warmup-secs", Some(v)) => a.warmup_secs = v,
+            ("--batch", Some(v)) => a.batch = v.clamp(2, 4096) as usize,
+            ("--overload", Some(v)) => a.overload = v.max(1),
+            ("--queue-items", Some(v)) => a.commit.queue_items = v.max(1) as usize,
+            ("--in-flight", Some(v)) => a.commit.max_in_flight = v.max(1) as usize,
+            ("--entry-items", Some(v)) => a.commit.max_entry_items = v.max(1) as usize,
+            ("--window-us", Some(v)) => a.commit.window = Duration::from_micros(v),
             _ => {
                 i += 1;
                 continue;
@@ -66,67 +94,175 @@ fn args() -> Args {
     a
 }
 
-#[derive(Default)]
-struct Stats {
-    acquire: Option<Histogram<u64>>,
-    report: Option<Histogram<u64>>,
-    denied: u64,
-    errors: u64,
-}
-
 fn histogram() -> Histogram<u64> {
     // 1 µs to 60 s at 3 significant digits.
     Histogram::new_with_bounds(1, 60_000_000, 3).expect("static histogram bounds are valid")
 }
 
-async fn client_loop(
+/// A running 3-node cluster and its leader.
+struct Cluster {
+    _dir: tempfile::TempDir,
+    daemons: BTreeMap<u64, Daemon>,
+    leader: u64,
+    leader_addr: String,
+}
+
+impl Cluster {
+    async fn start(commit: Option<GroupCommitConfig>) -> Cluster {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let mut listeners = BTreeMap::new();
+        let mut members = BTreeMap::new();
+        for id in 1..=3u64 {
+            let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+            members.insert(id, l.local_addr().expect("local address").to_string());
+            listeners.insert(id, l);
+        }
+        let mut daemons = BTreeMap::new();
+        for (id, listener) in listeners {
+            let config = DaemonConfig {
+                node: NodeConfig {
+                    id,
+                    advertise_addr: members[&id].clone(),
+                    data_dir: dir.path().join(format!("node-{id}")),
+                    cluster_name: "bench".into(),
+                    timings: RaftTimings::default(),
+                },
+                members: members.clone(),
+                init: id == 1,
+                tick_every: Duration::from_millis(250),
+                policies: Vec::new(),
+            };
+            let d = Daemon::start_with(config, Arc::new(SystemClock), listener, commit.clone())
+                .await
+                .expect("node starts");
+            daemons.insert(id, d);
+        }
+        let leader = daemons[&1]
+            .node()
+            .raft()
+            .wait(Some(Duration::from_secs(10)))
+            .metrics(|m| m.current_leader.is_some(), "a leader")
+            .await
+            .expect("a leader is elected")
+            .current_leader
+            .expect("checked above");
+        let c = Cluster {
+            _dir: dir,
+            leader,
+            leader_addr: members[&leader].clone(),
+            daemons,
+        };
+        c.connect()
+            .await
+            .put_policy(pb::PutPolicyRequest {
+                yaml: POLICY.into(),
+                expected_version: 0,
+            })
+            .await
+            .expect("policy installed");
+        c
+    }
+
+    /// A client of the leader on its own HTTP/2 connection, as a separate agent would have.
+    async fn connect(&self) -> AllocatorClient<Channel> {
+        let ep = tonic::transport::Endpoint::from_shared(format!("http://{}", self.leader_addr))
+            .expect("valid address");
+        AllocatorClient::new(ep.connect().await.expect("connect to the leader"))
+    }
+
+    /// The leader's last log index.
+    fn log_index(&self) -> u64 {
+        let m = self.daemons[&self.leader].node().raft().metrics();
+        let index = m.borrow().last_log_index.unwrap_or(0);
+        index
+    }
+
+    async fn shutdown(self) {
+        for (_, d) in self.daemons {
+            let _ = d.shutdown().await;
+        }
+    }
+}
+
+/// What clients saw in the measured window.
+#[derive(Default)]
+struct Stats {
+    calls: Option<Histogram<u64>>,
+    decisions: u64,
+    refused: u64,
+    /// Of `refused`: items refused OVERLOADED at once.
+    overloaded: u64,
+    errors: u64,
+}
+
+impl Stats {
+    fn add(&mut self, o: Stats) {
+        match (&mut self.calls, o.calls) {
+            (Some(h), Some(x)) => h.add(&x).expect("same bounds"),
+            (slot @ None, x) => *slot = x,
+            _ => {}
+        }
+        self.decisions += o.decisions;
+        self.refused += o.refused;
+        self.overloaded += o.overloaded;
+        self.errors += o.errors;
+    }
+}
+
+fn bench_key(n: usize) -> pb::PolicyKey {
+    pb::PolicyKey {
+        domain: "bench".into(),
+        entries: vec![pb::DescriptorEntry {
+            key: "tenant".into(),
+            value: format!("t{}", n % 16),
+        }],
+    }
+}
+
+fn acquire(n: usize, id: String) -> pb::AcquireRequest {
+    pb::AcquireRequest {
+        key: Some(bench_key(n)),
+        region: "eu-west".into(),
+        holder: format!("gw-{n}"),
+        want: T,
+        demand_per_s: 0,
+        request_id: id,
+    }
+}
+
+/// Loops Acquire then Report until `end_at`; counts what finished in [`start_at`, `end_at`).
+async fn unary_client(
     mut c: AllocatorClient<Channel>,
     n: usize,
     start_at: Instant,
     end_at: Instant,
 ) -> Stats {
-    let mut acq = histogram();
-    let mut rep = histogram();
+    let mut h = histogram();
     let mut s = Stats::default();
     let mut seq = 0u64;
-    let key = pb::PolicyKey {
-        domain: "bench".into(),
-        entries: vec![pb::DescriptorEntry {
-            key: "tenant".into(),
-            value: "acme".into(),
-        }],
-    };
-    loop {
-        let t0 = Instant::now();
-        if t0 >= end_at {
-            break;
+    let mut record = |s: &mut Stats, t0: Instant, ok: bool| {
+        if t0 < start_at {
+            return;
         }
-        let measuring = t0 >= start_at;
+        if ok {
+            s.decisions += 1;
+            let _ = h.record(t0.elapsed().as_micros() as u64);
+        } else {
+            s.errors += 1;
+        }
+    };
+    while Instant::now() < end_at {
         seq += 1;
-        let r = c
-            .acquire(pb::AcquireRequest {
-                key: Some(key.clone()),
-                region: "eu-west".into(),
-                holder: format!("gw-{n}"),
-                want: 1_000_000,
-                demand_per_s: 0,
-                request_id: format!("r-{n}-{seq}"),
-            })
-            .await;
+        let t0 = Instant::now();
+        let r = c.acquire(acquire(n, format!("r-{n}-{seq}"))).await;
         let grant = match r.map(|r| r.into_inner().outcome) {
             Ok(Some(pb::acquire_response::Outcome::Grant(g))) => g,
-            Ok(_) => {
-                s.denied += 1;
-                continue;
-            }
-            Err(_) => {
-                s.errors += 1;
+            _ => {
+                record(&mut s, t0, false);
                 continue;
             }
         };
-        if measuring {
-            let _ = acq.record(t0.elapsed().as_micros() as u64);
-        }
+        record(&mut s, t0, true);
         let t1 = Instant::now();
         let r = c
             .report(pb::ReportRequest {
@@ -135,130 +271,258 @@ async fn client_loop(
                 cumulative_spend: grant.granted / 2,
             })
             .await;
-        match r {
-            Ok(_) if measuring => {
-                let _ = rep.record(t1.elapsed().as_micros() as u64);
-            }
-            Ok(_) => {}
-            Err(_) => s.errors += 1,
-        }
+        record(&mut s, t1, r.is_ok());
     }
-    s.acquire = Some(acq);
-    s.report = Some(rep);
+    s.calls = Some(h);
     s
 }
 
-fn row(name: &str, h: &Histogram<u64>, secs: u64) -> String {
+/// One Batch of `k` items: half Decides, then Reports of `grants`, then Acquires.
+fn batch_items(n: usize, seq: u64, k: usize, grants: &[pb::Grant]) -> Vec<pb::BatchItem> {
+    let decides = k / 2;
+    let mut items = Vec::with_capacity(k);
+    for i in 0..decides {
+        items.push(Op::Decide(pb::DecideRequest {
+            key: Some(bench_key(n)),
+            region: "eu-west".into(),
+            holder: format!("gw-{n}"),
+            cost: T,
+            request_id: format!("d-{n}-{seq}-{i}"),
+        }));
+    }
+    for g in grants.iter().take(k - decides) {
+        items.push(Op::Report(pb::ReportRequest {
+            allocation_id: g.allocation_id,
+            epoch: g.epoch,
+            cumulative_spend: g.granted / 2,
+        }));
+    }
+    for i in items.len()..k {
+        items.push(Op::Acquire(acquire(n, format!("a-{n}-{seq}-{i}"))));
+    }
+    items
+        .into_iter()
+        .map(|op| pb::BatchItem { op: Some(op) })
+        .collect()
+}
+
+/// Committed decisions, refused items and OVERLOADED items among `results`, and the grants
+/// in them (to report next time).
+fn tally(results: &[pb::BatchResult], grants: &mut Vec<pb::Grant>) -> (u64, u64, u64) {
+    grants.clear();
+    let (mut ok, mut refused, mut overloaded) = (0, 0, 0);
+    for r in results {
+        match &r.outcome {
+            Some(Outcome::Acquire(pb::AcquireResponse {
+                outcome: Some(pb::acquire_response::Outcome::Grant(g)),
+            })) => {
+                grants.push(*g);
+                ok += 1;
+            }
+            Some(Outcome::Decide(_) | Outcome::Report(_) | Outcome::Acquire(_)) => ok += 1,
+            Some(Outcome::Error(e)) if e.reason == pb::ErrorReason::Overloaded as i32 => {
+                refused += 1;
+                overloaded += 1;
+            }
+            _ => refused += 1,
+        }
+    }
+    (ok, refused, overloaded)
+}
+
+/// Loops one Batch call of `k` items until `end_at`.
+async fn batch_client(
+    mut c: AllocatorClient<Channel>,
+    n: usize,
+    k: usize,
+    start_at: Instant,
+    end_at: Instant,
+) -> Stats {
+    let mut h = histogram();
+    let mut s = Stats::default();
+    let mut grants = Vec::new();
+    let mut seq = 0u64;
+    while Instant::now() < end_at {
+        seq += 1;
+        let items = batch_items(n, seq, k, &grants);
+        let t0 = Instant::now();
+        let r = c.batch(pb::BatchRequest { items }).await;
+        let measuring = t0 >= start_at;
+        match r {
+            Ok(r) => {
+                let (ok, refused, overloaded) = tally(&r.into_inner().results, &mut grants);
+                if measuring {
+                    let _ = h.record(t0.elapsed().as_micros() as u64);
+                    s.decisions += ok;
+                    s.refused += refused;
+                    s.overloaded += overloaded;
+                }
+            }
+            Err(_) if measuring => s.errors += 1,
+            Err(_) => {}
+        }
+    }
+    s.calls = Some(h);
+    s
+}
+
+/// One closed-loop phase: `clients` clients from `warmup` on for `secs`; also Raft entries/s.
+async fn closed_loop(c: &Cluster, a: &Args, batch: Option<usize>) -> (Stats, f64) {
+    let start_at = Instant::now() + Duration::from_secs(a.warmup_secs);
+    let end_at = start_at + Duration::from_secs(a.secs);
+    let mut tasks = Vec::new();
+    for n in 0..a.clients {
+        let client = c.connect().await;
+        tasks.push(tokio::spawn(async move {
+            match batch {
+                None => unary_client(client, n, start_at, end_at).await,
+                Some(k) => batch_client(client, n, k, start_at, end_at).await,
+            }
+        }));
+    }
+    tokio::time::sleep_until(start_at.into()).await;
+    let first = c.log_index();
+    tokio::time::sleep_until(end_at.into()).await;
+    let entries = (c.log_index() - first) as f64 / a.secs as f64;
+    let mut all = Stats::default();
+    for t in tasks {
+        all.add(t.await.expect("client task"));
+    }
+    (all, entries)
+}
+
+/// Open loop: Batch calls of `k` items started every `every`, each with a deadline, for `secs`
+/// after a warm-up; counts decisions committed per second (goodput) and refusals.
+async fn open_loop(c: &Cluster, a: &Args, k: usize, every: Duration) -> (Stats, f64) {
+    let clients: Vec<_> = clients_of(c, a.clients).await;
+    let start_at = Instant::now() + Duration::from_secs(a.warmup_secs);
+    let end_at = start_at + Duration::from_secs(a.secs);
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+    let mut tasks = Vec::new();
+    let mut seq = 0u64;
+    let mut first = None;
+    while Instant::now() < end_at {
+        tick.tick().await;
+        if first.is_none() && Instant::now() >= start_at {
+            first = Some(c.log_index());
+        }
+        seq += 1;
+        let n = (seq % clients.len() as u64) as usize;
+        let mut client = clients[n].clone();
+        let items = batch_items(n, seq, k, &[]);
+        tasks.push(tokio::spawn(async move {
+            let t0 = Instant::now();
+            let mut req = tonic::Request::new(pb::BatchRequest { items });
+            req.set_timeout(OVERLOAD_DEADLINE);
+            let r = client.batch(req).await;
+            (t0, t0.elapsed(), r.map(|r| r.into_inner().results))
+        }));
+    }
+    let last = c.log_index();
+    let mut s = Stats::default();
+    let mut h = histogram();
+    for t in tasks {
+        let (t0, took, r) = t.await.expect("call task");
+        if t0 < start_at {
+            continue;
+        }
+        match r {
+            Ok(results) => {
+                let (ok, refused, overloaded) = tally(&results, &mut Vec::new());
+                s.decisions += ok;
+                s.refused += refused;
+                s.overloaded += overloaded;
+                let _ = h.record(took.as_micros() as u64);
+            }
+            Err(_) => s.errors += 1,
+        }
+    }
+    s.calls = Some(h);
+    let entries = (last - first.unwrap_or(last)) as f64 / a.secs as f64;
+    (s, entries)
+}
+
+async fn clients_of(c: &Cluster, n: usize) -> Vec<AllocatorClient<Channel>> {
+    let mut v = Vec::with_capacity(n);
+    for _ in 0..n {
+        v.push(c.connect().await);
+    }
+    v
+}
+
+fn row(name: &str, s: &Stats, entries: f64, secs: u64, base: f64) -> String {
+    let h = s.calls.as_ref().expect("a histogram");
+    let rate = s.decisions as f64 / secs as f64;
     format!(
-        "| {name} | {} | {:.0} | {:.2} | {:.2} | {:.2} |",
+        "| {name} | {rate:.0} | {:.1}× | {entries:.0} | {:.1} | {} | {:.2} | {:.2} | {:.2} | {} ({} overloaded) | {} |",
+        rate / base,
+        if entries > 0.0 { rate / entries } else { 0.0 },
         h.len(),
-        h.len() as f64 / secs as f64,
         h.value_at_quantile(0.50) as f64 / 1000.0,
         h.value_at_quantile(0.99) as f64 / 1000.0,
         h.max() as f64 / 1000.0,
+        s.refused,
+        s.overloaded,
+        s.errors,
     )
 }
 
 #[tokio::main]
 async fn main() {
     let a = args();
-    let dir = tempfile::tempdir().expect("temporary directory");
-    let mut listeners = BTreeMap::new();
-    let mut members = BTreeMap::new();
-    for id in 1..=3u64 {
-        let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        members.insert(id, l.local_addr().expect("local address").to_string());
-        listeners.insert(id, l);
-    }
-    let mut daemons = BTreeMap::new();
-    for (id, listener) in listeners {
-        let config = DaemonConfig {
-            node: NodeConfig {
-                id,
-                advertise_addr: members[&id].clone(),
-                data_dir: dir.path().join(format!("node-{id}")),
-                cluster_name: "bench".into(),
-                timings: RaftTimings::default(),
-            },
-            members: members.clone(),
-            init: id == 1,
-            tick_every: Duration::from_millis(250),
-            policies: Vec::new(),
-        };
-        let d = Daemon::start(config, Arc::new(SystemClock), listener)
-            .await
-            .expect("node starts");
-        daemons.insert(id, d);
-    }
-    let leader = daemons[&1]
-        .node()
-        .raft()
-        .wait(Some(Duration::from_secs(10)))
-        .metrics(|m| m.current_leader.is_some(), "a leader")
-        .await
-        .expect("a leader is elected")
-        .current_leader
-        .expect("checked above");
-    let addr = format!("http://{}", members[&leader]);
-    let channel = tonic::transport::Endpoint::from_shared(addr)
-        .expect("valid address")
-        .connect()
-        .await
-        .expect("connect to the leader");
-    AllocatorClient::new(channel.clone())
-        .put_policy(pb::PutPolicyRequest {
-            yaml: POLICY.into(),
-            expected_version: 0,
-        })
-        .await
-        .expect("policy installed");
+    let mut rows = Vec::new();
+    let c = Cluster::start(None).await;
+    let (base, entries) = closed_loop(&c, &a, None).await;
+    c.shutdown().await;
+    let base_rate = (base.decisions as f64 / a.secs as f64).max(1.0);
+    rows.push(row(
+        "unbatched, unary Acquire + Report",
+        &base,
+        entries,
+        a.secs,
+        base_rate,
+    ));
 
-    let start_at = Instant::now() + Duration::from_secs(a.warmup_secs);
-    let end_at = start_at + Duration::from_secs(a.secs);
-    let tasks: Vec<_> = (0..a.clients)
-        .map(|n| {
-            // One HTTP/2 connection per client, as separate agents would have.
-            let ch = channel.clone();
-            let members = members.clone();
-            tokio::spawn(async move {
-                let c = match tonic::transport::Endpoint::from_shared(format!(
-                    "http://{}",
-                    members[&leader]
-                )) {
-                    Ok(ep) => ep.connect().await.unwrap_or(ch),
-                    Err(_) => ch,
-                };
-                client_loop(AllocatorClient::new(c), n, start_at, end_at).await
-            })
-        })
-        .collect();
-    let mut acq = histogram();
-    let mut rep = histogram();
-    let (mut denied, mut errors) = (0, 0);
-    for t in tasks {
-        let s = t.await.expect("client task");
-        if let Some(h) = &s.acquire {
-            acq.add(h).expect("same bounds");
-        }
-        if let Some(h) = &s.report {
-            rep.add(h).expect("same bounds");
-        }
-        denied += s.denied;
-        errors += s.errors;
-    }
-    println!(
-        "3 nodes, loopback, {} clients, {} s measured after {} s warm-up; leader = node {leader}",
-        a.clients, a.secs, a.warmup_secs
+    let c = Cluster::start(Some(a.commit.clone())).await;
+    let (s, entries) = closed_loop(&c, &a, None).await;
+    c.shutdown().await;
+    rows.push(row(
+        "group commit, unary Acquire + Report",
+        &s,
+        entries,
+        a.secs,
+        base_rate,
+    ));
+
+    let c = Cluster::start(Some(a.commit.clone())).await;
+    let (s, entries) = closed_loop(&c, &a, Some(a.batch)).await;
+    c.shutdown().await;
+    let capacity = s.decisions as f64 / a.secs as f64;
+    let name = format!("group commit, Batch of {} items", a.batch);
+    rows.push(row(&name, &s, entries, a.secs, base_rate));
+
+    // Offered: `overload` × capacity, in calls of `batch` items on a fixed schedule.
+    let calls_per_s = (capacity * a.overload as f64 / a.batch as f64).max(1.0);
+    let every = Duration::from_secs_f64(1.0 / calls_per_s);
+    let c = Cluster::start(Some(a.commit.clone())).await;
+    let (s, entries) = open_loop(&c, &a, a.batch, every).await;
+    c.shutdown().await;
+    let name = format!(
+        "overload: {:.0} offered/s ({}× capacity), {} ms deadlines",
+        calls_per_s * a.batch as f64,
+        a.overload,
+        OVERLOAD_DEADLINE.as_millis()
     );
-    println!("| operation | count | ops/s | p50 ms | p99 ms | max ms |");
-    println!("|---|---:|---:|---:|---:|---:|");
-    println!("{}", row("Acquire (committed grant)", &acq, a.secs));
-    println!("{}", row("Report (committed)", &rep, a.secs));
-    let mut both = acq.clone();
-    both.add(&rep).expect("same bounds");
-    println!("{}", row("Acquire + Report", &both, a.secs));
-    println!("denials: {denied}, errors: {errors}");
-    for (_, d) in daemons {
-        let _ = d.shutdown().await;
+    rows.push(row(&name, &s, entries, a.secs, base_rate));
+
+    println!(
+        "3 nodes, loopback, sled fsync per append; {} clients, {} s measured after {} s warm-up; group commit {:?}",
+        a.clients, a.secs, a.warmup_secs, a.commit
+    );
+    println!("| phase | committed decisions/s | vs unbatched | Raft entries/s | decisions per entry | calls | p50 ms | p99 ms | max ms | refused items | failed calls |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for r in rows {
+        println!("{r}");
     }
 }
