@@ -177,6 +177,14 @@ impl Cluster {
         index
     }
 
+    /// Whether the node that led at start still leads, and its queued commands.
+    fn health(&self) -> String {
+        let d = &self.daemons[&self.leader];
+        let now = d.node().raft().metrics().borrow().current_leader;
+        let queued = d.group_commit().map_or(0, |g| g.queued());
+        format!("leader at start {}, now {now:?}; queued {queued}", self.leader)
+    }
+
     async fn shutdown(self) {
         for (_, d) in self.daemons {
             let _ = d.shutdown().await;
@@ -507,6 +515,7 @@ async fn main() {
     let every = Duration::from_secs_f64(1.0 / calls_per_s);
     let c = Cluster::start(Some(a.commit.clone())).await;
     let (s, entries) = open_loop(&c, &a, a.batch, every).await;
+    eprintln!("after the overload phase: {}", c.health());
     c.shutdown().await;
     let name = format!(
         "overload: {:.0} offered/s ({}× capacity), {} ms deadlines",

@@ -59,17 +59,16 @@ pub struct GroupCommitConfig {
 }
 
 impl Default for GroupCommitConfig {
-    /// The settings measured in `docs/benchmarks.md` ("Group commit, Batch and Decide"). The
-    /// queue bound is what keeps goodput at capacity under overload: a command admitted waits
-    /// about `queue_items / capacity` before it is proposed, so the bound must stay well below
-    /// capacity × the callers' deadlines (4,096 commands are about 0.15 s at the 25,000/s
-    /// measured; a bound of 32,768, 1.3 s, let every admitted command outlive a 200 ms
-    /// deadline: goodput 0).
+    /// The best of the settings measured in `docs/benchmarks.md` ("Group commit, Batch and
+    /// Decide"): small entries, several in flight (openraft pipelines them), so that one entry
+    /// commits well within callers' deadlines. A command admitted waits about
+    /// `queue_items / capacity` before it is proposed: the bound must stay well below
+    /// capacity × the callers' deadlines.
     fn default() -> Self {
         Self {
             queue_items: 4_096,
-            max_entry_items: 1_024,
-            max_in_flight: 2,
+            max_entry_items: 256,
+            max_in_flight: 4,
             window: Duration::ZERO,
         }
     }
