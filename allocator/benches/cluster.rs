@@ -182,7 +182,10 @@ impl Cluster {
         let d = &self.daemons[&self.leader];
         let now = d.node().raft().metrics().borrow().current_leader;
         let queued = d.group_commit().map_or(0, |g| g.queued());
-        format!("leader at start {}, now {now:?}; queued {queued}", self.leader)
+        format!(
+            "leader at start {}, now {now:?}; queued {queued}",
+            self.leader
+        )
     }
 
     async fn shutdown(self) {
