@@ -12,3 +12,4 @@ pub mod local;
 pub mod noop;
 pub mod rls;
 pub mod scenario;
+pub mod zipf;

@@ -6,6 +6,7 @@
 //! microsecond sleeps (tokio's timer would release a millisecond's worth of requests at once);
 //! the service latency, from the actual send, is reported beside it.
 
+use crate::zipf::{SplitMix64, Zipf};
 use allot_proto::envoy::extensions::common::ratelimit::v3::{
     rate_limit_descriptor, RateLimitDescriptor,
 };
@@ -51,17 +52,48 @@ pub fn client(addr: &str) -> anyhow::Result<RateLimitServiceClient<Channel>> {
     Ok(RateLimitServiceClient::new(ch))
 }
 
+/// Which value of the descriptor's last entry each request of a load carries.
+#[derive(Debug, Clone)]
+pub enum Keys {
+    /// `n` values (`VALUE-0` … `VALUE-(n-1)`) in turn; 1 keeps the entry as given (one hot key).
+    RoundRobin(u32),
+    /// Values `VALUE-0` … drawn by popularity (index 0 the most popular), from `seed`.
+    Zipf {
+        /// The popularity of each value.
+        dist: Zipf,
+        /// Seed of the draws: the same seed, the same sequence.
+        seed: u64,
+    },
+}
+
+impl Keys {
+    /// A chooser of the value index of request `i` (None: the entry as given).
+    fn chooser(self) -> impl FnMut(u64) -> Option<u64> {
+        let mut rng = match &self {
+            Keys::Zipf { seed, .. } => SplitMix64::new(*seed),
+            Keys::RoundRobin(_) => SplitMix64::new(0),
+        };
+        move |i| match &self {
+            Keys::RoundRobin(n) if *n > 1 => Some(i % u64::from(*n)),
+            Keys::RoundRobin(_) => None,
+            Keys::Zipf { dist, .. } => Some(dist.sample(&mut rng) as u64),
+        }
+    }
+}
+
 /// What a load run measured.
 #[derive(Debug, Clone, Serialize)]
 pub struct LoadReport {
     /// Requests scheduled.
     pub sent: u64,
-    /// Answered OK.
+    /// Answered OK (admitted).
     pub ok: u64,
     /// Answered OVER_LIMIT.
     pub over_limit: u64,
     /// Failed (transport error, timeout, error status).
     pub errors: u64,
+    /// Admitted over sent (0 when nothing was sent).
+    pub admitted_ratio: f64,
     /// Wall time of the run, s.
     pub seconds: f64,
     /// Answers per second.
@@ -83,8 +115,8 @@ pub struct LoadReport {
     pub svc_p999_us: u64,
 }
 
-/// Sends `rate` requests per second for `duration` to `addr`, rotating over `keys` distinct
-/// values of the descriptor's last entry, with at most `max_in_flight` outstanding.
+/// Sends `rate` requests per second for `duration` to `addr`, choosing the value of the
+/// descriptor's last entry by `keys`, with at most `max_in_flight` outstanding.
 ///
 /// Pacing runs on a dedicated OS thread that sleeps until each request's planned time (with
 /// the thread's timer slack set to 1 ns, so a sleep ends within microseconds, not at the next
@@ -98,7 +130,7 @@ pub async fn run_load(
     addr: &str,
     domain: &str,
     entries: &[(String, String)],
-    keys: u32,
+    keys: Keys,
     rate: u64,
     duration: Duration,
     max_in_flight: usize,
@@ -121,6 +153,7 @@ pub async fn run_load(
             .name("allot-bench-pacer".into())
             .spawn(move || {
                 precise_sleeps();
+                let mut choose = keys.chooser();
                 let start = Instant::now();
                 for i in 0..total {
                     let due = start + Duration::from_nanos(interval_ns.saturating_mul(i));
@@ -132,10 +165,8 @@ pub async fn run_load(
                         break;
                     };
                     let mut es = entries.clone();
-                    if keys > 1 {
-                        if let Some(last) = es.last_mut() {
-                            last.1 = format!("{}-{}", last.1, i % u64::from(keys));
-                        }
+                    if let (Some(k), Some(last)) = (choose(i), es.last_mut()) {
+                        last.1 = format!("{}-{k}", last.1);
                     }
                     let req = request(&domain, &es, 1);
                     let mut c = clients[i as usize % clients.len()].clone();
@@ -204,6 +235,11 @@ impl Recorder {
             ok: c(0),
             over_limit: c(1),
             errors: c(2),
+            admitted_ratio: if sent == 0 {
+                0.0
+            } else {
+                c(0) as f64 / sent as f64
+            },
             seconds,
             throughput: (c(0) + c(1)) as f64 / seconds,
             p50_us: sched.value_at_quantile(0.5),

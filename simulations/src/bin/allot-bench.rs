@@ -2,7 +2,8 @@
 //! Envoy rate limit service (v3), reporting throughput and latency percentiles measured from
 //! each request's scheduled time.
 
-use allot_simulations::rls::run_load;
+use allot_simulations::rls::{run_load, Keys};
+use allot_simulations::zipf::Zipf;
 use anyhow::{bail, Result};
 use clap::{Parser, Subcommand};
 use std::time::Duration;
@@ -48,6 +49,13 @@ enum Command {
         /// Distinct values of the last entry (1: one hot key).
         #[arg(long, default_value_t = 1)]
         keys: u32,
+        /// Draw the last entry's value by popularity, Zipf with this exponent over --keys (e.g.
+        /// 1.1: a hot head and a long tail) instead of in turn.
+        #[arg(long)]
+        zipf: Option<f64>,
+        /// Seed of the --zipf draws (the same seed sends the same key sequence).
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
         /// Most requests outstanding at once.
         #[arg(long, default_value_t = 512)]
         max_in_flight: usize,
@@ -142,6 +150,8 @@ async fn run(command: Command) -> Result<()> {
             domain,
             entries,
             keys,
+            zipf,
+            seed,
             max_in_flight,
             baseline,
             baseline_target,
@@ -152,20 +162,27 @@ async fn run(command: Command) -> Result<()> {
                 bail!("--rate and --duration must be positive");
             }
             let es = parse_entries(entries)?;
+            let key_choice = match zipf {
+                Some(s) => Keys::Zipf {
+                    dist: Zipf::new(keys, s)?,
+                    seed,
+                },
+                None => Keys::RoundRobin(keys),
+            };
             let base_addr = match (baseline, baseline_target) {
                 (true, _) => Some((allot_simulations::noop::spawn().await?, "in-process")),
                 (false, Some(a)) => Some((a, "own process")),
                 (false, None) => None,
             };
             let measure = |addr: String| {
-                let (domain, es) = (domain.clone(), es.clone());
+                let (domain, es, key_choice) = (domain.clone(), es.clone(), key_choice.clone());
                 async move {
                     let run = |secs| {
                         run_load(
                             &addr,
                             &domain,
                             &es,
-                            keys,
+                            key_choice.clone(),
                             rate,
                             Duration::from_secs(secs),
                             max_in_flight,
@@ -203,8 +220,10 @@ async fn run(command: Command) -> Result<()> {
                 );
                 return Ok(());
             }
+            let popularity =
+                zipf.map_or("in turn".to_string(), |s| format!("Zipf({s}), seed {seed}"));
             println!(
-                "target {target}  rate {rate}/s  duration {duration} s  warm-up {warmup} s  keys {keys}  runs {}",
+                "target {target}  rate {rate}/s  duration {duration} s  warm-up {warmup} s  keys {keys} ({popularity})  runs {}",
                 runs.len()
             );
             let place = base_addr.as_ref().map_or("", |(_, p)| *p);
@@ -229,8 +248,8 @@ async fn run(command: Command) -> Result<()> {
             }
             println!("median run (by target p99 from send):");
             println!(
-                "sent {}  ok {}  over_limit {}  errors {}",
-                r.sent, r.ok, r.over_limit, r.errors
+                "sent {}  admitted {}  denied {}  errors {}  admitted ratio {:.4}",
+                r.sent, r.ok, r.over_limit, r.errors, r.admitted_ratio
             );
             println!("throughput {:.0}/s", r.throughput);
             println!(
@@ -256,13 +275,23 @@ async fn run(command: Command) -> Result<()> {
         } => {
             let es = parse_entries(entries)?;
             // Warm-up: cold keys acquire, demand estimates settle.
-            run_load(&target, &domain, &es, 1, rate, Duration::from_secs(3), 1024).await?;
+            let one = || Keys::RoundRobin(1);
+            run_load(
+                &target,
+                &domain,
+                &es,
+                one(),
+                rate,
+                Duration::from_secs(3),
+                1024,
+            )
+            .await?;
             let before = rpc_count(&http).await?;
             let r = run_load(
                 &target,
                 &domain,
                 &es,
-                1,
+                one(),
                 rate,
                 Duration::from_secs(duration),
                 1024,
