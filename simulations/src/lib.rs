@@ -4,10 +4,16 @@
 //! * [`rls`]: an Envoy rate-limit-service client and an open-loop load generator
 //!   (`allot-bench rls`), usable against any RLS server;
 //! * [`local`]: a local deployment on real processes (3 allocators, N agents);
-//! * [`scenario`]: the Acme story (burst, sustained overload, regional skew, leader failover).
+//! * [`scenario`]: the Acme story (burst, sustained overload, regional skew, leader failover);
+//! * [`demand`]: quota follows demand — parts whose recorded arrivals are replayed through the
+//!   [`ideal`] central counter, with [`arrivals`] the recorded traffic and [`zipf`] key
+//!   popularity.
 
 #![warn(missing_docs)]
 
+pub mod arrivals;
+pub mod demand;
+pub mod ideal;
 pub mod local;
 pub mod noop;
 pub mod rls;

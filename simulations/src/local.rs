@@ -358,6 +358,38 @@ fn remove_if_present(path: &Path) -> Result<()> {
     }
 }
 
+/// Copies the policy documents (`*.yaml`, `*.yml`) of each source (a folder or one file) into
+/// the new folder `into`, which every process of the deployment then loads: one domain a
+/// file, so a domain defined twice is refused when the processes load it.
+///
+/// # Errors
+/// A source that cannot be read, or two sources with a file of the same name.
+pub fn assemble_policies(sources: &[PathBuf], into: &Path) -> Result<()> {
+    std::fs::create_dir_all(into)?;
+    for src in sources {
+        let files: Vec<PathBuf> = if src.is_dir() {
+            std::fs::read_dir(src)
+                .with_context(|| format!("reading {}", src.display()))?
+                .map(|e| e.map(|e| e.path()))
+                .collect::<std::io::Result<_>>()?
+        } else {
+            vec![src.clone()]
+        };
+        for f in files {
+            let yaml = matches!(f.extension().and_then(|e| e.to_str()), Some("yaml" | "yml"));
+            let Some(name) = f.file_name().filter(|_| yaml) else {
+                continue;
+            };
+            let to = into.join(name);
+            if to.exists() {
+                bail!("two policy files named {}", f.display());
+            }
+            std::fs::copy(&f, &to).with_context(|| format!("copying {}", f.display()))?;
+        }
+    }
+    Ok(())
+}
+
 /// A client of one allocator node.
 pub fn allocator_client(addr: &str) -> Result<AllocatorClient<tonic::transport::Channel>> {
     let ch = Endpoint::from_shared(format!("http://{addr}"))?

@@ -1,10 +1,12 @@
 //! `allot-local`: a local Allot deployment on real processes — a 3-node allocator cluster and
 //! seven gateway agents (eu-west ×3, us-east ×3, ap-south ×1) on loopback ports — and, with
-//! `--scenario acme`, the Acme story driven through the agents' Envoy RLS API.
+//! `--scenario acme`, the Acme story driven through the agents' Envoy RLS API; with
+//! `--scenario demand`, the parts of issue 9 compared with an ideal central counter.
 //!
 //! Ctrl-C stops everything cleanly: agents release their allocations, allocators flush.
 
-use allot_simulations::local::{Deployment, Plan};
+use allot_simulations::demand;
+use allot_simulations::local::{assemble_policies, Deployment, Plan};
 use allot_simulations::scenario::{self, Timing};
 use anyhow::{bail, Context, Result};
 use clap::{Parser, ValueEnum};
@@ -14,6 +16,9 @@ use std::path::PathBuf;
 enum Scenario {
     /// Burst, sustained overload, regional skew with handoff, leader failover.
     Acme,
+    /// Quota follows demand: each part's arrivals also replayed through an ideal central
+    /// counter (ideal admitted, Allot admitted, ratio, overshoot vs bound, target).
+    Demand,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -38,13 +43,18 @@ struct Cli {
     /// Shortened timings (for tests).
     #[arg(long)]
     short: bool,
+    /// With --scenario demand: run only this part (repeatable): quiet, burst, burst-skewed,
+    /// eu-busy, tenants-10k, tenants-100k, skew, lease-acme, lease-1000.
+    #[arg(long = "part")]
+    parts: Vec<String>,
     /// Print the scenario's result as one JSON document.
     #[arg(long)]
     json: bool,
     /// Data folder [default: a new temporary folder, removed at exit].
     #[arg(long)]
     data_dir: Option<PathBuf>,
-    /// Policy folder [default: deploy/examples of this checkout].
+    /// Policy folder [default: deploy/examples of this checkout]; the measurement policies of
+    /// simulations/policies are added to it.
     #[arg(long)]
     policies: Option<PathBuf>,
     /// How gateways reach the agents.
@@ -101,9 +111,12 @@ async fn main() -> Result<()> {
             );
         }
     }
-    let policies = cli.policies.unwrap_or_else(|| {
-        PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/examples"))
-    });
+    let sources = vec![
+        cli.policies.unwrap_or_else(|| {
+            PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/examples"))
+        }),
+        PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/policies")),
+    ];
     let (data_dir, temp) = match cli.data_dir {
         Some(d) => (d, false),
         None => (
@@ -111,6 +124,11 @@ async fn main() -> Result<()> {
             true,
         ),
     };
+    let policies = data_dir.join("policies");
+    if policies.exists() {
+        std::fs::remove_dir_all(&policies)?;
+    }
+    assemble_policies(&sources, &policies)?;
     let envoy = match cli.gateways {
         Gateways::Rls => None,
         Gateways::Envoy => Some(find_envoy()?),
@@ -119,7 +137,7 @@ async fn main() -> Result<()> {
         envoy,
         gateway_regions: vec!["eu-west".into(), "us-east".into()],
         bin_dir,
-        policies,
+        policies: policies.clone(),
         data_dir: data_dir.clone(),
         agents: vec![
             ("eu-west".into(), 3),
@@ -160,7 +178,22 @@ async fn main() -> Result<()> {
                 Timing::FULL
             };
             tokio::select! {
-                r = scenario::acme(&mut d, timing) => Some(r),
+                r = scenario::acme(&mut d, timing) => Some(r.and_then(|r| {
+                    Ok(Outcome { within: r.all_within(), table: r.table(), doc: serde_json::to_value(&r)? })
+                })),
+                _ = tokio::signal::ctrl_c() => { eprintln!("interrupted"); None }
+            }
+        }
+        Some(Scenario::Demand) => {
+            let timing = if cli.short {
+                demand::Timing::SHORT
+            } else {
+                demand::Timing::FULL
+            };
+            tokio::select! {
+                r = demand::run(&d, &policies, timing, &cli.parts) => Some(r.and_then(|r| {
+                    Ok(Outcome { within: r.all_within(), table: r.table(), doc: serde_json::to_value(&r)? })
+                })),
                 _ = tokio::signal::ctrl_c() => { eprintln!("interrupted"); None }
             }
         }
@@ -173,17 +206,20 @@ async fn main() -> Result<()> {
         eprintln!("unclean exit: {u}");
     }
     if let Some(r) = result {
-        let report = r?;
+        let Outcome {
+            within,
+            table,
+            mut doc,
+        } = r?;
         if cli.json {
-            let mut doc = serde_json::to_value(&report)?;
             doc["endpoints"] = serde_json::to_value(&e)?;
             doc["unclean_exits"] = serde_json::to_value(&unclean)?;
             println!("{}", serde_json::to_string_pretty(&doc)?);
         } else {
             println!();
-            print!("{}", report.table());
+            print!("{table}");
         }
-        if !report.all_within() {
+        if !within {
             bail!("a measurement is outside its contract");
         }
     }
@@ -191,6 +227,16 @@ async fn main() -> Result<()> {
         bail!("{} processes did not exit cleanly", unclean.len());
     }
     Ok(())
+}
+
+/// A scenario's result, whichever it was.
+struct Outcome {
+    /// Every row within its contract (or invariant).
+    within: bool,
+    /// The table for humans.
+    table: String,
+    /// The report as JSON.
+    doc: serde_json::Value,
 }
 
 /// `$ENVOY`, else `envoy` on PATH.

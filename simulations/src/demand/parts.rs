@@ -1,0 +1,234 @@
+//! The parts of the demand scenario, each a schedule of arrivals and its target (issue 9).
+
+use super::{at_rate, zipf_arrivals, Extra, Run, Timing};
+use crate::arrivals::{paced, Arrival, Record};
+use anyhow::Result;
+use hdrhistogram::Histogram;
+use std::time::{Duration, Instant};
+
+/// The parts, in run order (`--part` names).
+pub const PARTS: [&str; 9] = [
+    "quiet",
+    "burst",
+    "burst-skewed",
+    "eu-busy",
+    "tenants-10k",
+    "tenants-100k",
+    "skew",
+    "lease-acme",
+    "lease-1000",
+];
+
+/// The acme contract for the part's own tenant (`simulations/policies/measure.yaml`).
+fn acme_key(run: &mut Run<'_>, tenant: &str) -> usize {
+    run.key(
+        "measure",
+        &[("tenant", tenant), ("operation", "search")],
+        10,
+    )
+}
+
+fn ratio_at_least(min: f64) -> Box<dyn Fn(f64) -> bool + Send> {
+    Box::new(move |r| r >= min)
+}
+
+fn extra(measured: String, target: String, met: Box<dyn Fn(f64) -> bool + Send>) -> Extra {
+    Extra {
+        measured,
+        target,
+        met,
+        figures: serde_json::Map::new(),
+    }
+}
+
+/// Runs one part and appends its row.
+pub(super) async fn run_part(run: &mut Run<'_>, part: &str, t: Timing) -> Result<()> {
+    let acme_agents = run.agents_of(&["eu-west", "us-east"]);
+    match part {
+        "quiet" => {
+            let k = acme_key(run, "quiet");
+            let n = t.quiet_s / 3;
+            let a = paced(n, Duration::from_secs(3), Duration::ZERO, &acme_agents, k);
+            let recs = run.send(&a).await?;
+            let what = format!(
+                "quiet tenant: 1 request every 3 s for {} s over 6 gateways",
+                t.quiet_s
+            );
+            let target = "ratio 1.0".to_string();
+            run.finish(
+                part,
+                what,
+                &recs,
+                extra(String::new(), target, ratio_at_least(1.0)),
+            )
+            .await
+        }
+        "burst" | "burst-skewed" => burst(run, part, &acme_agents).await,
+        "eu-busy" => {
+            let k = acme_key(run, "eu-busy");
+            let eu = run.agents_of(&["eu-west"]);
+            let recs = run.send(&at_rate(15, t.eu_busy_s, &eu, k)).await?;
+            let what = format!(
+                "only eu-west busy: 15/s for {} s over 3 gateways",
+                t.eu_busy_s
+            );
+            let target = "ratio ≥ 0.95, no operator action".to_string();
+            run.finish(
+                part,
+                what,
+                &recs,
+                extra(String::new(), target, ratio_at_least(0.95)),
+            )
+            .await
+        }
+        "tenants-10k" => tenants(run, part, 10_000, t.tenants_s).await,
+        "tenants-100k" => tenants(run, part, 100_000, t.tenants_s).await,
+        "skew" => super::skew::skew(run, part, t).await,
+        "lease-acme" => {
+            let k = acme_key(run, "lease-acme");
+            lease_traffic(run, part, &at_rate(10, t.lease_s, &acme_agents, k), 10).await
+        }
+        "lease-1000" => {
+            let k = run.key("search", &[("cluster", "search")], 1000);
+            let (eu, us, ap) = (
+                run.agents_of(&["eu-west"]),
+                run.agents_of(&["us-east"]),
+                run.agents_of(&["ap-south"]),
+            );
+            // In proportion to the regions' shares (500/400/100), 1000/s in all.
+            let mut a = at_rate(500, t.lease_s, &eu, k);
+            a.extend(at_rate(400, t.lease_s, &us, k));
+            a.extend(at_rate(100, t.lease_s, &ap, k));
+            a.sort_by_key(|x| x.at);
+            lease_traffic(run, part, &a, 1000).await
+        }
+        _ => anyhow::bail!("unknown part {part:?}"),
+    }
+}
+
+/// Part a: 80 requests at once over the six acme gateways; skewed, 60 of them on one gateway.
+async fn burst(run: &mut Run<'_>, part: &str, agents: &[usize]) -> Result<()> {
+    let skewed = part == "burst-skewed";
+    let k = acme_key(run, part);
+    let a: Vec<Arrival> = (0..80usize)
+        .map(|i| Arrival {
+            at: Duration::ZERO,
+            agent: if skewed && i < 60 {
+                agents[0]
+            } else {
+                agents[i % agents.len()]
+            },
+            key: k,
+            cost: 1,
+        })
+        .collect();
+    let recs = run.send(&a).await?;
+    let (what, target, min) = if skewed {
+        (
+            "part a skewed: 80 requests at once, 60 on one gateway",
+            "ratio ≥ 0.9",
+            0.9,
+        )
+    } else {
+        (
+            "part a: 80 requests at once over 6 gateways, 2 regions",
+            "ratio ≥ 0.95, overshoot 0",
+            0.95,
+        )
+    };
+    run.finish(
+        part,
+        what.into(),
+        &recs,
+        extra(String::new(), target.into(), ratio_at_least(min)),
+    )
+    .await?;
+    if !skewed {
+        // "overshoot 0" is part of the target.
+        if let Some(row) = run.rows.last_mut() {
+            row.target_met &= row.overshoot == 0;
+        }
+    }
+    Ok(())
+}
+
+/// p99 of the records' latency, µs.
+fn p99_us(recs: &[Record]) -> Result<u64> {
+    let mut h = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
+    for r in recs {
+        h.record(r.latency_us.clamp(1, 60_000_000))?;
+    }
+    Ok(h.value_at_quantile(0.99))
+}
+
+/// Many tenants: `n` tenants (100/s each), Zipf(1.1), 3,000 req/s over three agents (one per
+/// region) for `secs`.
+async fn tenants(run: &mut Run<'_>, part: &str, n: usize, secs: u64) -> Result<()> {
+    let prefix = if n >= 100_000 { "t100k" } else { "t10k" };
+    let keys: Vec<usize> = (0..n)
+        .map(|i| run.key("tenants", &[("tenant", &format!("{prefix}-{i}"))], 100))
+        .collect();
+    let mut agents = Vec::new();
+    for region in ["eu-west", "us-east", "ap-south"] {
+        agents.extend(run.agents_of(&[region]).into_iter().take(1));
+    }
+    let a = zipf_arrivals(3_000, secs, &agents, &keys, 1.1, 11)?;
+    let idx0 = run.raft_index().await?;
+    let t0 = Instant::now();
+    let recs = run.send(&a).await?;
+    let entries = run.raft_index().await?.saturating_sub(idx0);
+    let per_s = entries as f64 / t0.elapsed().as_secs_f64();
+    let rss = run.allocator_rss();
+    let p99 = p99_us(&recs)?;
+    let measured = format!(
+        "p99 {:.1} ms, allocator RSS {} MB, {per_s:.0} Raft entries/s",
+        p99 as f64 / 1000.0,
+        rss >> 20
+    );
+    let ok_rest = p99 <= 10_000 && rss < (1 << 30);
+    let mut e = extra(
+        measured,
+        "ratio ≥ 0.999, p99 ≤ 10 ms, RSS < 1 GB".into(),
+        Box::new(move |r| r >= 0.999 && ok_rest),
+    );
+    e.figures.insert("p99_us".into(), p99.into());
+    e.figures.insert("allocator_rss_bytes".into(), rss.into());
+    e.figures.insert("raft_entries_per_s".into(), per_s.into());
+    let what = format!("{n} tenants (100/s each), Zipf(1.1), 3000 req/s over 3 agents, {secs} s");
+    run.finish(part, what, &recs, e).await
+}
+
+/// Lease traffic at steady state: Raft entries (the leader's log growth, its own 4 ticks/s
+/// included) per 1000 admitted. Target: at most one entry per driven agent per agent tick
+/// (1 s) plus the allocator's ticks.
+async fn lease_traffic(run: &mut Run<'_>, part: &str, a: &[Arrival], rate: u64) -> Result<()> {
+    let mut agents: Vec<usize> = a.iter().map(|x| x.agent).collect();
+    agents.sort_unstable();
+    agents.dedup();
+    let idx0 = run.raft_index().await?;
+    let t0 = Instant::now();
+    let recs = run.send(a).await?;
+    let entries = run.raft_index().await?.saturating_sub(idx0);
+    let secs = t0.elapsed().as_secs_f64();
+    let admitted = recs
+        .iter()
+        .filter(|r| r.answer == crate::arrivals::Answer::Admitted)
+        .count();
+    let per_1000 = entries as f64 * 1000.0 / admitted.max(1) as f64;
+    let per_s = entries as f64 / secs;
+    let cap = agents.len() as f64 + 4.0;
+    let mut e = extra(
+        format!("{entries} Raft entries = {per_1000:.1} per 1000 admitted, {per_s:.1}/s"),
+        format!(
+            "≤ {cap:.0} entries/s ({} agents × 1/s + 4 ticks/s)",
+            agents.len()
+        ),
+        Box::new(move |_| per_s <= cap),
+    );
+    e.figures.insert("raft_entries".into(), entries.into());
+    e.figures
+        .insert("raft_entries_per_1000_admitted".into(), per_1000.into());
+    e.figures.insert("raft_entries_per_s".into(), per_s.into());
+    let what = format!("lease traffic at {rate}/s over {} agents", agents.len());
+    run.finish(part, what, &recs, e).await
+}
