@@ -451,6 +451,15 @@ impl Deployment {
     /// asks node 1 to initialise the cluster of all of them (the Raft transport and the
     /// Allocator API share each node's one port).
     async fn start_allocators(&mut self, n: u64) -> Result<()> {
+        // A cluster is made of the addresses its nodes had when it was initialised; a fresh
+        // start binds new ports, so an earlier deployment's data cannot be reused.
+        let old = self.data_dir.join("allocator-1");
+        if old.exists() {
+            bail!(
+                "{} holds an earlier deployment's allocator data; remove it or choose another data folder",
+                old.display()
+            );
+        }
         for id in 1..=n {
             let mut a = AllocatorProc {
                 id,
