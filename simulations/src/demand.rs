@@ -261,7 +261,7 @@ impl<'a> Run<'a> {
         for k in read {
             let b = self.bound_of(k).await? + self.rates[k] as f64 * worst_us as f64 / 1e6;
             bound += b;
-            within &= over.get(&k).map_or(true, |&o| o as f64 <= b);
+            within &= over.get(&k).is_none_or(|&o| o as f64 <= b);
         }
         let ratio = if ideal_n == 0 {
             if allot == 0 {
