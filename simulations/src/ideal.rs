@@ -54,3 +54,78 @@ pub fn admitted_with(limiter: &Limiter, keys: &[Key], records: &[Record]) -> Res
     }
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::arrivals::Answer;
+    use std::path::Path;
+
+    const POLICY: &str = "domain: t\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: second, requests_per_unit: 10, burst: 40, scope: global, lease: {ttl_ms: 2000, max_grant: 8}, regions: [{region: a, share: \"50%\"}, {region: b, share: \"50%\"}]}\n";
+
+    fn rec(sent_ns: u64, key: usize, agent: usize) -> Record {
+        Record {
+            sent_ns,
+            agent,
+            key,
+            cost: 1,
+            answer: Answer::Denied,
+            latency_us: 0,
+        }
+    }
+
+    fn keys() -> Vec<Key> {
+        ["x", "y"]
+            .iter()
+            .map(|v| Key {
+                domain: "t".into(),
+                entries: vec![("tenant".into(), (*v).into())],
+            })
+            .collect()
+    }
+
+    fn set() -> ConfigSet {
+        ConfigSet::from_yaml(POLICY, Path::new("t.yaml")).expect("policy")
+    }
+
+    #[test]
+    fn a_burst_gets_the_whole_global_bucket_whatever_the_agent_or_region() {
+        // 80 at once over many agents: one central bucket of 40, shares ignored.
+        let recs: Vec<Record> = (0..80).map(|i| rec(0, 0, i % 6)).collect();
+        let ok = admitted(set(), &keys(), &recs).expect("decided");
+        assert_eq!(ok.iter().filter(|x| **x).count(), 40);
+        assert!(ok[..40].iter().all(|x| *x), "first come, first served");
+    }
+
+    #[test]
+    fn the_recorded_times_are_the_clock_and_keys_are_separate() {
+        let limiter = Limiter::new(set().with_scope(Scope::Local), 0);
+        let first: Vec<Record> = (0..40).map(|_| rec(0, 0, 0)).collect();
+        assert!(admitted_with(&limiter, &keys(), &first)
+            .expect("decided")
+            .iter()
+            .all(|x| *x));
+        // Empty now; 100 ms later one token has refilled; the other key is untouched.
+        let later = [
+            rec(1, 0, 0),
+            rec(100_000_000, 0, 0),
+            rec(100_000_000, 0, 0),
+            rec(1, 1, 0),
+        ];
+        let ok = admitted_with(&limiter, &keys(), &later).expect("decided");
+        assert_eq!(ok, [false, true, false, true]);
+        // Far in the future the bucket is full again, never above its burst.
+        let far: Vec<Record> = (0..41).map(|_| rec(u64::MAX / 2, 0, 0)).collect();
+        let ok = admitted_with(&limiter, &keys(), &far).expect("decided");
+        assert_eq!(ok.iter().filter(|x| **x).count(), 40);
+    }
+
+    #[test]
+    fn an_unknown_domain_is_an_error_not_a_denial() {
+        let bad = [Key {
+            domain: "nope".into(),
+            entries: vec![("tenant".into(), "x".into())],
+        }];
+        assert!(admitted(set(), &bad, &[rec(0, 0, 0)]).is_err());
+    }
+}
