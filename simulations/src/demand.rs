@@ -296,36 +296,9 @@ impl<'a> Run<'a> {
     /// The allocator's Σ(granted − reported) over the regions of key `k`, tokens (0 when the
     /// allocator does not know the key).
     async fn bound_of(&self, k: usize) -> Result<f64> {
-        let (_, leader) = self.d.wait_leader(Duration::from_secs(10)).await?;
         let key = &self.keys[k];
-        let r = allocator_client(&leader)?
-            .status(pb::StatusRequest {
-                key: Some(pb::PolicyKey {
-                    domain: key.domain.clone(),
-                    entries: key
-                        .entries
-                        .iter()
-                        .map(|(k, v)| pb::DescriptorEntry {
-                            key: k.clone(),
-                            value: v.clone(),
-                        })
-                        .collect(),
-                }),
-            })
-            .await;
-        match r {
-            Ok(r) => {
-                let micros: u64 = r
-                    .into_inner()
-                    .regions
-                    .iter()
-                    .map(|x| x.overshoot_bound)
-                    .sum();
-                Ok(micros as f64 / 1e6)
-            }
-            Err(s) if s.code() == tonic::Code::NotFound => Ok(0.0),
-            Err(s) => Err(s).context("allocator status"),
-        }
+        let (tokens, _) = crate::scenario::bound(self.d, &key.domain, &key.entries).await?;
+        Ok(tokens)
     }
 
     /// The leader's last log index (Raft entries so far).

@@ -111,8 +111,12 @@ fn micros_to_tokens(m: u64) -> f64 {
 }
 
 /// Σ over regions of the allocator's overshoot bound for a key, in tokens, and the regions'
-/// granted totals (live), read from the leader.
-async fn bound(d: &Deployment, domain: &str, entries: &[(String, String)]) -> Result<(f64, u64)> {
+/// live allocations, read from the leader (0 for a key the allocator does not know).
+pub(crate) async fn bound(
+    d: &Deployment,
+    domain: &str,
+    entries: &[(String, String)],
+) -> Result<(f64, u64)> {
     let (_, leader) = d.wait_leader(Duration::from_secs(10)).await?;
     let mut c = allocator_client(&leader)?;
     let r = c
