@@ -157,6 +157,7 @@ impl Cluster {
             .put_policy(pb::PutPolicyRequest {
                 yaml: POLICY.into(),
                 expected_version: 0,
+                request_id: String::new(),
             })
             .await
             .expect("policy installed");
@@ -280,6 +281,7 @@ async fn unary_client(
                 allocation_id: grant.allocation_id,
                 epoch: grant.epoch,
                 cumulative_spend: grant.granted / 2,
+                holder: format!("gw-{n}"),
             })
             .await;
         record(&mut s, t1, r.is_ok());
@@ -306,6 +308,7 @@ fn batch_items(n: usize, seq: u64, k: usize, grants: &[pb::Grant]) -> Vec<pb::Ba
             allocation_id: g.allocation_id,
             epoch: g.epoch,
             cumulative_spend: g.granted / 2,
+            holder: format!("gw-{n}"),
         }));
     }
     for i in items.len()..k {

@@ -381,7 +381,7 @@ impl Allocator for AllocatorService {
     ) -> Result<Response<pb::ReportResponse>, Status> {
         let (fwd, deadline) = (forwarded(&req), deadline_of(&req));
         let b = req.into_inner();
-        let cmd = items::report_command(b);
+        let cmd = items::report_command(b.clone());
         match self
             .write(fwd, deadline, cmd, |mut c| async move {
                 c.report(forward_request(b, deadline)).await
@@ -401,7 +401,7 @@ impl Allocator for AllocatorService {
     ) -> Result<Response<pb::ReleaseResponse>, Status> {
         let (fwd, deadline) = (forwarded(&req), deadline_of(&req));
         let b = req.into_inner();
-        let cmd = items::release_command(b);
+        let cmd = items::release_command(b.clone());
         match self
             .write(fwd, deadline, cmd, |mut c| async move {
                 c.release(forward_request(b, deadline)).await

@@ -212,6 +212,7 @@ async fn admin_commands_drive_a_cluster() {
         allocation_id: g.allocation_id,
         epoch: g.epoch,
         cumulative_spend: 1_500_000,
+        holder: "gw-1".into(),
     })
     .await
     .expect("report");

@@ -423,6 +423,7 @@ async fn skew(
             share("ap-south", 0),
         ],
         config_version: 1,
+        request_id: "acme-story-rebalance".into(),
     })
     .await
     .context("set shares")?;

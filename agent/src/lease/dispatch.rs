@@ -155,14 +155,14 @@ async fn single(link: &AllocatorLink, op: Op, timeout: Duration) -> Answer {
             .map(Outcome::Acquire),
         Op::Report(m) => link
             .call(|mut c| {
-                let r = req(m, timeout);
+                let r = req(m.clone(), timeout);
                 async move { c.report(r).await }
             })
             .await
             .map(Outcome::Report),
         Op::Release(m) => link
             .call(|mut c| {
-                let r = req(m, timeout);
+                let r = req(m.clone(), timeout);
                 async move { c.release(r).await }
             })
             .await

@@ -276,6 +276,7 @@ impl LeaseManager {
                     allocation_id: a.id,
                     epoch: a.epoch,
                     cumulative_spend: a.spend_to_report(),
+                    holder: s.agent_id.clone(),
                 })
             }
             Pending::Release(_, a) => {
@@ -286,6 +287,7 @@ impl LeaseManager {
                     allocation_id: a.id,
                     epoch: a.epoch,
                     final_spend: a.close(),
+                    holder: s.agent_id.clone(),
                 })
             }
             Pending::Decide(kl, cost, _) => {

@@ -6,7 +6,7 @@ use super::division::Demand;
 use super::fair_share::fair_part;
 use super::sources::{available, check_id, debit, wait_for, OverCapacity};
 use super::{
-    Acquire, Allocation, AllocationState, Denial, Grant, KeyState, Ledger, LedgerError,
+    Acquire, Allocation, AllocationState, Charged, Denial, Grant, KeyState, Ledger, LedgerError,
     RegionKeyState, Response,
 };
 use allot_common::algorithm::LimitParams;
@@ -56,10 +56,29 @@ impl Ledger {
                 policy_version: version,
             }));
         }
+        if let Some(left_ms) = window_left_ms(&params, now_ns) {
+            // A window's allocation ends with its window, and an agent stops spending one drift
+            // margin before the end: a grant this close to the end would arrive unusable while
+            // its tokens stayed charged for the rest of the window.
+            if left_ms <= rule.lease.max_drift_ms {
+                return Ok(Response::Denied(Denial {
+                    retry_after_ms: left_ms.max(1),
+                    reason: format!(
+                        "the window of {} ends in {left_ms} ms, within the {} ms drift margin",
+                        rule.name, rule.lease.max_drift_ms
+                    ),
+                    policy_version: version,
+                }));
+            }
+        }
 
         // What is available now, from each source.
-        let avail = available(self.key_mut(kid)?, &a.region, rule, now);
-        let pool = avail.pool();
+        let ks = self.key_mut(kid)?;
+        let avail = available(ks, &a.region, rule, now);
+        // The live totals must stay representable: grants are capped by what they can still
+        // count (reachable only at extreme policies, e.g. 10¹² tokens/s with 60 s leases).
+        let totals_room = u64::MAX - ks.regions.get(&a.region).map_or(0, |r| r.granted_live);
+        let pool = avail.pool().min(totals_room);
 
         // Divide the pool fairly among the holders asking in this region recently.
         let ttl = rule.lease.ttl_ms;
@@ -127,26 +146,31 @@ impl Ledger {
 
         // Debit every source now; unspent tokens come back only at release.
         debit(ks, &a.region, rule, &avail, now, grant);
+        let region = ks.regions.entry(a.region.clone()).or_default();
+        let charged = Charged {
+            global: ks.global.params.kind(),
+            region: region.bucket.as_ref().map(|b| b.params.kind()),
+            calendar_period_start: rule.quota.map(|_| avail.period_start),
+        };
         let mut expires = now.saturating_add(ttl);
-        if let LimitParams::FixedWindow(w) = params {
+        if let Some(left_ms) = window_left_ms(&params, now_ns) {
             // A window's allocation never outlives its window.
-            let end_ns = (now_ns - now_ns % w.period_ns).saturating_add(w.period_ns);
-            expires = expires.min(end_ns / 1_000_000);
+            expires = expires.min(now.saturating_add(left_ms));
         }
         let dead_at = expires.saturating_add(rule.lease.max_drift_ms);
-        ks.live += 1;
-        let region = ks.regions.entry(a.region.clone()).or_default();
-        region.live += 1;
-        region.granted_live += grant;
+        region.live = region.live.saturating_add(1);
+        // Cannot saturate: the grant is capped by `totals_room` above.
+        region.granted_live = region.granted_live.saturating_add(grant);
+        ks.live = ks.live.saturating_add(1);
         if !ks.parts.by_region.is_empty() {
             ks.parts.granted(&a.region);
         }
 
-        self.next_id += 1;
+        // Ids are never reused, so the id is also the epoch: strictly increasing per policy,
+        // region and holder with no per-holder table to keep (issue 10 item 1).
+        self.next_id = self.next_id.saturating_add(1);
         let id = self.next_id;
-        let epoch_key = (rule.id.clone(), a.region.clone(), a.holder.clone());
-        let epoch = self.epochs.get(&epoch_key).copied().unwrap_or(0) + 1;
-        self.epochs.insert(epoch_key, epoch);
+        let epoch = id;
         let alloc = Allocation {
             id,
             rule_id: rule.id.clone(),
@@ -162,6 +186,7 @@ impl Ledger {
             expires_at_ms: expires,
             dead_at_ms: dead_at,
             state: AllocationState::Live,
+            charged,
         };
         self.allocations.insert(id, alloc);
         self.deadlines.insert((dead_at, id));
@@ -214,6 +239,17 @@ impl Ledger {
         }
         Ok(())
     }
+}
+
+/// Milliseconds left (rounded down) in the current window of a fixed-window limit at `now_ns`;
+/// `None` for other algorithms.
+fn window_left_ms(params: &LimitParams, now_ns: u64) -> Option<u64> {
+    let LimitParams::FixedWindow(w) = params else {
+        return None;
+    };
+    let period = w.period_ns.max(1);
+    let end_ns = (now_ns - now_ns % period).saturating_add(period);
+    Some(end_ns / 1_000_000 - now_ns / 1_000_000)
 }
 
 fn is_idle(ks: &KeyState, now_ns: u64) -> bool {

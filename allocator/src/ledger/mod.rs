@@ -8,8 +8,16 @@
 //!   region's bucket and the calendar quota) when it is made, and unspent tokens come back only
 //!   when the final spend is known (release), never above capacity;
 //! * an expired allocation's unreported tokens stay spent (stranded quota);
-//! * allocation ids are never reused; epochs strictly increase per policy + region + holder;
-//! * a report or release with a stale id or epoch is refused and changes nothing;
+//! * allocation ids are never reused; an allocation's epoch is its id, so epochs strictly
+//!   increase per policy + region + holder without a table that grows with every holder;
+//! * a report or release with a stale id or epoch, or from another holder, is refused and
+//!   changes nothing;
+//! * ended allocations are kept for a bounded time and number ([`ENDED_RETENTION_MS`],
+//!   [`MAX_ENDED_KEPT`]) so a retried release gets its same answer; after that any id up to the
+//!   last one granted answers "ended" and a larger one "not found", deterministically;
+//! * totals never overflow: a grant is capped so the live totals stay representable;
+//! * a release refunds only into what its grant was charged to (same algorithm family, same
+//!   calendar period), never into state that was never charged;
 //! * a region's lowered part of a key keeps its old reservation until every allocation granted
 //!   under an older handoff version is released or expired; only then can another region's
 //!   part grow (`handoff`); Σ parts held never exceeds the whole.
@@ -20,6 +28,7 @@ mod decide;
 mod division;
 mod fair_share;
 mod handoff;
+mod invariants;
 mod policy;
 mod settle;
 mod sources;
@@ -28,6 +37,7 @@ mod types;
 pub use calendar::period_bounds;
 pub use fair_share::{fair_part, one_token_ppm, region_parts, RegionClaim};
 pub use handoff::HYSTERESIS_PPM;
+pub use invariants::InvariantError;
 pub use sources::MAX_ID_BYTES;
 pub use types::{
     Acquire, Command, Decide, Decided, Denial, Grant, KeyStatus, LedgerError, PolicyKey,
@@ -35,16 +45,21 @@ pub use types::{
 };
 
 use crate::raft::{App, AppError, Batching};
-use allot_common::algorithm::{LimitParams, LimitState};
+use allot_common::algorithm::{AlgorithmKind, LimitParams, LimitState};
 use allot_common::config::DomainConfig;
 use allot_common::units::{millis_to_nanos, Micros};
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 /// How long an Acquire or Decide answer is kept for retries with the same request id, in ms.
 pub const REQUEST_RETENTION_MS: u64 = 10 * 60 * 1000;
 /// Most Acquire and Decide answers kept for retries; the oldest go first.
 pub const MAX_REMEMBERED_REQUESTS: usize = 100_000;
+/// How long an ended (released or expired) allocation is remembered, in ms: a retried Release
+/// within it gets its same answer. Afterwards the allocation is forgotten (item 1 of issue 10).
+pub const ENDED_RETENTION_MS: u64 = REQUEST_RETENTION_MS;
+/// Most ended allocations remembered; the oldest are forgotten first.
+pub const MAX_ENDED_KEPT: usize = 100_000;
 
 /// (rule id, canonical descriptor key).
 type KeyId = (String, Vec<u8>);
@@ -94,6 +109,21 @@ pub struct Allocation {
     pub dead_at_ms: u64,
     /// Current state.
     pub state: AllocationState,
+    /// What the grant was charged to; a release refunds only there.
+    pub charged: Charged,
+}
+
+/// What a grant was debited from and counted in, recorded at grant time so that a release
+/// refunds only into state that was charged (issue 10 item 13): not into a bucket whose
+/// algorithm family changed since, nor into a calendar quota added or rolled over since.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Charged {
+    /// Algorithm of the global bucket debited.
+    pub global: AlgorithmKind,
+    /// Algorithm of the region's bucket debited, when the region had one.
+    pub region: Option<AlgorithmKind>,
+    /// Start (Unix ms) of the calendar period debited, when the policy had a quota.
+    pub calendar_period_start: Option<u64>,
 }
 
 /// A bucket with the parameters its state was last computed under.
@@ -162,7 +192,7 @@ pub struct Violations {
 }
 
 /// The ledger. See the module docs for its invariants.
-#[derive(Debug, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Ledger {
     last_ms: u64,
     docs: BTreeMap<String, PolicyDoc>,
@@ -170,11 +200,13 @@ pub struct Ledger {
     parsed: BTreeMap<String, DomainConfig>,
     shares: BTreeMap<String, PolicyShares>,
     keys: BTreeMap<KeyId, KeyState>,
+    /// Live allocations and ended ones not yet forgotten.
     allocations: BTreeMap<u64, Allocation>,
     /// Live allocations by (dead_at_ms, id).
     deadlines: BTreeSet<(u64, u64)>,
+    /// Ended allocations by (ended at ms, id), oldest first (ledger time never goes back).
+    ended: VecDeque<(u64, u64)>,
     next_id: u64,
-    epochs: BTreeMap<(String, String, String), u64>,
     /// Recent asks per (key, region): holder → ask, for fair division.
     demands: BTreeMap<(KeyId, String), BTreeMap<String, division::Ask>>,
     /// (holder, request id) → (time, answer).
@@ -204,13 +236,15 @@ impl Ledger {
             Command::Report {
                 allocation_id,
                 epoch,
+                holder,
                 cumulative_spend,
-            } => self.report(*allocation_id, *epoch, *cumulative_spend),
+            } => self.report(*allocation_id, *epoch, holder, *cumulative_spend),
             Command::Release {
                 allocation_id,
                 epoch,
+                holder,
                 final_spend,
-            } => self.release(*allocation_id, *epoch, *final_spend, now),
+            } => self.release(*allocation_id, *epoch, holder, *final_spend, now),
             Command::Tick => Response::Ticked,
             Command::Decide(d) => self.decide(d, now),
             Command::Batch(items) => Response::Batch(
@@ -225,6 +259,11 @@ impl Ledger {
                     .collect(),
             ),
         };
+        self.forget_ended(now);
+        #[cfg(debug_assertions)]
+        if let Err(e) = self.check_invariants() {
+            panic!("after {cmd:?} at {now}: {e}");
+        }
         r
     }
 
@@ -295,7 +334,7 @@ impl Ledger {
                 granted: r.granted_live,
                 reported: r.reported_live,
                 stranded: r.stranded,
-                overshoot_bound: r.granted_live - r.reported_live,
+                overshoot_bound: r.granted_live.saturating_sub(r.reported_live),
                 share_ppm: ks.parts.by_region.get(name).map(|p| p.effective_ppm),
                 guarantee_ppm: guarantees
                     .and_then(|g| g.regions.get(name))
@@ -321,8 +360,13 @@ impl Ledger {
         self.keys
             .values()
             .flat_map(|k| k.regions.values())
-            .map(|r| r.granted_live - r.reported_live)
-            .sum()
+            .map(|r| r.granted_live.saturating_sub(r.reported_live))
+            .fold(0, u64::saturating_add)
+    }
+
+    /// Number of allocation records held (live and ended but not yet forgotten).
+    pub fn allocation_count(&self) -> usize {
+        self.allocations.len()
     }
 
     /// Expires every allocation dead at `now`: its unreported tokens stay spent (stranded).
@@ -340,25 +384,40 @@ impl Ledger {
             }
             a.state = AllocationState::Expired;
             let a = a.clone();
-            self.finish(&a, a.granted - a.reported, now);
+            self.finish(&a, a.granted.saturating_sub(a.reported), now);
         }
     }
 
-    /// Bookkeeping when a live allocation ends at `now`: `stranded` unreported tokens stay
-    /// spent; the region's part may complete a handoff.
+    /// Bookkeeping when a live allocation ends at `now`: its `stranded` unreported tokens are
+    /// counted, it leaves the live totals (the region's part may complete a handoff) and is queued
+    /// to be forgotten.
     fn finish(&mut self, a: &Allocation, stranded: Micros, now: u64) {
         let kid = (a.rule_id.clone(), a.key.clone());
         if let Some(ks) = self.keys.get_mut(&kid) {
             ks.live = ks.live.saturating_sub(1);
             if let Some(r) = ks.regions.get_mut(&a.region) {
                 r.live = r.live.saturating_sub(1);
-                r.granted_live -= a.granted;
-                r.reported_live -= a.reported;
+                r.granted_live = r.granted_live.saturating_sub(a.granted);
+                r.reported_live = r.reported_live.saturating_sub(a.reported);
                 r.stranded = r.stranded.saturating_add(stranded);
             }
             ks.parts.ended(&a.region, a.shares_version);
         }
         self.rebalance_key(&kid, now);
+        self.ended.push_back((now, a.id));
+    }
+
+    /// Forgets ended allocations older than [`ENDED_RETENTION_MS`], and the oldest beyond
+    /// [`MAX_ENDED_KEPT`]. O(1) amortised: each allocation is queued once and dropped once.
+    fn forget_ended(&mut self, now: u64) {
+        while let Some(&(at, id)) = self.ended.front() {
+            let too_many = self.ended.len() > MAX_ENDED_KEPT;
+            if !too_many && at.saturating_add(ENDED_RETENTION_MS) > now {
+                break;
+            }
+            self.ended.pop_front();
+            self.allocations.remove(&id);
+        }
     }
 
     fn forget_requests(&mut self, now: u64) {

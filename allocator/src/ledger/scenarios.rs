@@ -249,6 +249,7 @@ impl Driver {
     fn maintain(&mut self, gi: usize) {
         let now = self.now;
         let g = &mut self.gateways[gi];
+        let holder = g.name.clone();
         g.demand_per_s = g.admitted_since_pass * T * 1000 / REPORT_INTERVAL_MS;
         g.admitted_since_pass = 0;
         let mut cmds = Vec::new();
@@ -257,6 +258,7 @@ impl Driver {
                 cmds.push(Command::Release {
                     allocation_id: a.id,
                     epoch: a.epoch,
+                    holder: holder.clone(),
                     final_spend: a.spent,
                 });
                 return false;
@@ -266,6 +268,7 @@ impl Driver {
                 cmds.push(Command::Report {
                     allocation_id: a.id,
                     epoch: a.epoch,
+                    holder: holder.clone(),
                     cumulative_spend: a.spent,
                 });
             }
@@ -445,29 +448,30 @@ proptest::proptest! {
         let regions = ["eu-west", "us-east", "ap-south"];
         let mut d = Driver::new(SEARCH, "search", 2500, 400);
         let mut granted = 0u64;
-        let mut live: Vec<(u64, u64, u64)> = Vec::new();
+        let mut live: Vec<(u64, u64, u64, String)> = Vec::new();
         for (dt, r, h, want, demand, release) in steps {
             d.now += dt;
             let now = d.now;
             let key = d.key();
             if release && !live.is_empty() {
-                let (id, epoch, g) = live.remove(0);
+                let (id, epoch, g, holder) = live.remove(0);
                 d.ledger.apply_at(
-                    &Command::Release { allocation_id: id, epoch, final_spend: g },
+                    &Command::Release { allocation_id: id, epoch, holder, final_spend: g },
                     now,
                 );
             }
+            let holder = format!("{}-{h}", regions[r]);
             let cmd = Command::Acquire(Acquire {
                 key,
                 region: regions[r].into(),
-                holder: format!("{}-{h}", regions[r]),
+                holder: holder.clone(),
                 want: want * T,
                 demand_per_s: demand * T,
                 request_id: format!("{now}-{r}-{h}"),
             });
             if let Response::Granted(g) = d.ledger.apply_at(&cmd, now) {
                 granted += g.granted;
-                live.push((g.allocation_id, g.epoch, g.granted));
+                live.push((g.allocation_id, g.epoch, g.granted, holder));
             }
             let elapsed = now - T0;
             proptest::prop_assert!(

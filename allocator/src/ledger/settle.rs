@@ -1,23 +1,33 @@
 //! Report and Release (seed §22–24): cumulative spend is max-merged and clamped to the grant;
 //! a stale id or epoch is refused and changes nothing; unspent tokens return to the buckets only
-//! at release, when the final spend is known, and never above capacity.
+//! at release, when the final spend is known, never above capacity, and only into what the
+//! grant was charged to.
 
-use super::calendar::period_bounds;
 use super::{Allocation, AllocationState, Ledger, LedgerError, Response};
-use allot_common::config::RuleLimit;
 use allot_common::units::millis_to_nanos;
 
 impl Ledger {
-    /// The live allocation `id` at `epoch`, or why not.
-    fn fenced(&self, id: u64, epoch: u64) -> Result<&Allocation, LedgerError> {
-        let a = self
-            .allocations
-            .get(&id)
-            .ok_or_else(|| LedgerError::NotFound(format!("no allocation {id}")))?;
+    /// The allocation `id` at `epoch` held by `holder`, or why not. An id that was granted but
+    /// is no longer remembered (ended and forgotten) answers "ended"; an id never granted
+    /// answers "not found". Either answer is the same on every replica.
+    fn fenced(&self, id: u64, epoch: u64, holder: &str) -> Result<&Allocation, LedgerError> {
+        let Some(a) = self.allocations.get(&id) else {
+            if id >= 1 && id <= self.next_id {
+                return Err(LedgerError::FailedPrecondition(format!(
+                    "allocation {id} has ended (released or expired) and is forgotten"
+                )));
+            }
+            return Err(LedgerError::NotFound(format!("no allocation {id}")));
+        };
         if a.epoch != epoch {
             return Err(LedgerError::FailedPrecondition(format!(
                 "allocation {id} has epoch {}, not {epoch}: stale",
                 a.epoch
+            )));
+        }
+        if a.holder != holder {
+            return Err(LedgerError::FailedPrecondition(format!(
+                "allocation {id} is not held by {holder:?}"
             )));
         }
         Ok(a)
@@ -27,7 +37,7 @@ impl Ledger {
     /// exceeds the grant.
     fn clamp_spend(&mut self, a: &Allocation, claimed: u64) -> u64 {
         if claimed > a.granted {
-            self.violations.count += 1;
+            self.violations.count = self.violations.count.saturating_add(1);
             self.violations.excess = self.violations.excess.saturating_add(claimed - a.granted);
             tracing::warn!(
                 allocation = a.id,
@@ -40,8 +50,8 @@ impl Ledger {
         claimed.min(a.granted).max(a.reported)
     }
 
-    pub(super) fn report(&mut self, id: u64, epoch: u64, spend: u64) -> Response {
-        let a = match self.fenced(id, epoch) {
+    pub(super) fn report(&mut self, id: u64, epoch: u64, holder: &str, spend: u64) -> Response {
+        let a = match self.fenced(id, epoch, holder) {
             Ok(a) => a.clone(),
             Err(e) => return Response::Rejected(e),
         };
@@ -52,7 +62,9 @@ impl Ledger {
             )));
         }
         let recorded = self.clamp_spend(&a, spend);
-        let delta = recorded - a.reported;
+        // clamp_spend keeps a.reported ≤ recorded ≤ granted, and reported_live ≤ granted_live
+        // holds for the totals: neither can leave u64.
+        let delta = recorded.saturating_sub(a.reported);
         if let Some(x) = self.allocations.get_mut(&id) {
             x.reported = recorded;
         }
@@ -61,7 +73,7 @@ impl Ledger {
             .get_mut(&(a.rule_id.clone(), a.key.clone()))
             .and_then(|k| k.regions.get_mut(&a.region))
         {
-            r.reported_live += delta;
+            r.reported_live = r.reported_live.saturating_add(delta);
         }
         Response::Reported {
             recorded,
@@ -69,8 +81,15 @@ impl Ledger {
         }
     }
 
-    pub(super) fn release(&mut self, id: u64, epoch: u64, final_spend: u64, now: u64) -> Response {
-        let a = match self.fenced(id, epoch) {
+    pub(super) fn release(
+        &mut self,
+        id: u64,
+        epoch: u64,
+        holder: &str,
+        final_spend: u64,
+        now: u64,
+    ) -> Response {
+        let a = match self.fenced(id, epoch, holder) {
             Ok(a) => a.clone(),
             Err(e) => return Response::Rejected(e),
         };
@@ -78,7 +97,8 @@ impl Ledger {
             AllocationState::Live => {}
             // A retried release gets the same answer.
             AllocationState::Released { returned }
-                if a.granted - returned == final_spend.min(a.granted).max(a.reported) =>
+                if a.granted.saturating_sub(returned)
+                    == final_spend.min(a.granted).max(a.reported) =>
             {
                 return Response::Released { returned };
             }
@@ -90,38 +110,16 @@ impl Ledger {
             }
         }
         let spent = self.clamp_spend(&a, final_spend);
-        let returned = a.granted - spent;
-        let now_ns = millis_to_nanos(now);
-        let issued_ns = millis_to_nanos(a.issued_at_ms);
-        let quota = self
-            .parsed
-            .values()
-            .flat_map(|d| d.rules.iter())
-            .find(|r| r.id == a.rule_id)
-            .and_then(|r| match r.limit {
-                RuleLimit::Limited { .. } => r.quota,
-                RuleLimit::Unlimited => None,
-            });
-        if let Some(ks) = self.keys.get_mut(&(a.rule_id.clone(), a.key.clone())) {
-            let gp = ks.global.params;
-            gp.refund(&mut ks.global.state, now_ns, returned, issued_ns);
-            if let Some(b) = ks
-                .regions
-                .get_mut(&a.region)
-                .and_then(|r| r.bucket.as_mut())
-            {
-                let p = b.params;
-                p.refund(&mut b.state, now_ns, returned, issued_ns);
-            }
-            if let (Some(q), Some((start, used))) = (quota, ks.calendar.as_mut()) {
-                // Only while the period the grant was charged to is still current.
-                if period_bounds(q.period, a.issued_at_ms).0 == *start {
-                    *used = used.saturating_sub(returned);
-                }
-            }
-            if let Some(r) = ks.regions.get_mut(&a.region) {
-                r.reported_live += spent - a.reported;
-            }
+        let returned = a.granted.saturating_sub(spent);
+        self.refund(&a, returned, now);
+        if let Some(r) = self
+            .keys
+            .get_mut(&(a.rule_id.clone(), a.key.clone()))
+            .and_then(|k| k.regions.get_mut(&a.region))
+        {
+            r.reported_live = r
+                .reported_live
+                .saturating_add(spent.saturating_sub(a.reported));
         }
         let mut done = a.clone();
         done.reported = spent;
@@ -130,6 +128,40 @@ impl Ledger {
         self.deadlines.remove(&(a.dead_at_ms, id));
         self.finish(&done, 0, now);
         Response::Released { returned }
+    }
+
+    /// Returns `returned` unspent microtokens of `a` to what its grant was charged to: the
+    /// global and region buckets only while they keep the algorithm family they had at grant,
+    /// the calendar quota only while the charged period is current. Tokens that cannot go back
+    /// stay spent (the safe side: capacity refills, the bound never grows).
+    fn refund(&mut self, a: &Allocation, returned: u64, now: u64) {
+        let now_ns = millis_to_nanos(now);
+        let issued_ns = millis_to_nanos(a.issued_at_ms);
+        let Some(ks) = self.keys.get_mut(&(a.rule_id.clone(), a.key.clone())) else {
+            return;
+        };
+        let gp = ks.global.params;
+        if gp.kind() == a.charged.global {
+            gp.refund(&mut ks.global.state, now_ns, returned, issued_ns);
+        }
+        if let Some(b) = ks
+            .regions
+            .get_mut(&a.region)
+            .and_then(|r| r.bucket.as_mut())
+        {
+            let p = b.params;
+            if Some(p.kind()) == a.charged.region {
+                p.refund(&mut b.state, now_ns, returned, issued_ns);
+            }
+        }
+        if let (Some(charged), Some((start, used))) =
+            (a.charged.calendar_period_start, ks.calendar.as_mut())
+        {
+            // Only while the period the grant was charged to is still current.
+            if charged == *start {
+                *used = used.saturating_sub(returned);
+            }
+        }
     }
 }
 

@@ -158,6 +158,7 @@ fn reports_are_fenced_max_merged_and_clamped() {
         &Command::Report {
             allocation_id: g.allocation_id,
             epoch: g.epoch + 1,
+            holder: "gw1".into(),
             cumulative_spend: T,
         },
         T0 + 1,
@@ -170,6 +171,7 @@ fn reports_are_fenced_max_merged_and_clamped() {
         &Command::Report {
             allocation_id: 999,
             epoch: 1,
+            holder: "gw1".into(),
             cumulative_spend: T,
         },
         T0 + 1,
@@ -188,6 +190,7 @@ fn reports_are_fenced_max_merged_and_clamped() {
             &Command::Report {
                 allocation_id: g.allocation_id,
                 epoch: g.epoch,
+                holder: "gw1".into(),
                 cumulative_spend: s,
             },
             T0 + 2,
@@ -242,6 +245,7 @@ fn release_returns_unspent_tokens_never_above_capacity() {
         &Command::Release {
             allocation_id: g.allocation_id,
             epoch: g.epoch,
+            holder: "gw1".into(),
             final_spend: 5 * T,
         },
         T0 + 100,
@@ -257,6 +261,7 @@ fn release_returns_unspent_tokens_never_above_capacity() {
         &Command::Release {
             allocation_id: g.allocation_id,
             epoch: g.epoch,
+            holder: "gw1".into(),
             final_spend: 5 * T,
         },
         T0 + 101,
@@ -266,6 +271,7 @@ fn release_returns_unspent_tokens_never_above_capacity() {
         &Command::Release {
             allocation_id: g.allocation_id,
             epoch: g.epoch,
+            holder: "gw1".into(),
             final_spend: 6 * T,
         },
         T0 + 101,
@@ -280,6 +286,7 @@ fn release_returns_unspent_tokens_never_above_capacity() {
         &Command::Release {
             allocation_id: g2.allocation_id,
             epoch: g2.epoch,
+            holder: "gw1".into(),
             final_spend: 0,
         },
         T0 + 4_000,
@@ -299,6 +306,7 @@ fn expired_allocations_strand_their_unreported_tokens() {
         &Command::Report {
             allocation_id: g.allocation_id,
             epoch: 1,
+            holder: "gw1".into(),
             cumulative_spend: 6 * T,
         },
         T0 + 10,
@@ -331,6 +339,7 @@ fn expired_allocations_strand_their_unreported_tokens() {
         &Command::Report {
             allocation_id: g.allocation_id,
             epoch: 1,
+            holder: "gw1".into(),
             cumulative_spend: 7 * T,
         },
         T0 + 6000,
@@ -473,6 +482,7 @@ fn versioned_handoff_moves_share_only_after_old_allocations_end() {
         &Command::Release {
             allocation_id: ap.allocation_id,
             epoch: ap.epoch,
+            holder: "ap1".into(),
             final_spend: 40 * T,
         },
         T0 + 3,
@@ -627,7 +637,7 @@ fn bad_input_is_refused_precisely_and_changes_nothing() {
         (Command::PutPolicy { yaml: "domain: api\ndescriptors: [{key: k, rate_limit: {unit: second, requests_per_unit: 0}}]\n".into(), expected_version: 1 }, "invalid"),
         (Command::PutPolicy { yaml: REGIONAL.into(), expected_version: 7 }, "failed precondition"),
         (Command::SetShares { policy: "nope".into(), shares: vec![], config_version: 1 }, "not found"),
-        (Command::Release { allocation_id: 12, epoch: 1, final_spend: 0 }, "not found"),
+        (Command::Release { allocation_id: 12, epoch: 1, holder: "h".into(), final_spend: 0 }, "not found"),
     ];
     for (cmd, want) in cases {
         let r = l.apply_at(&cmd, T0);
@@ -693,6 +703,7 @@ fn idle_keys_are_evicted_at_the_cap_active_ones_are_not() {
         &Command::Release {
             allocation_id: a.allocation_id,
             epoch: a.epoch,
+            holder: "gw".into(),
             final_spend: T,
         },
         T0 + 10,
@@ -720,4 +731,245 @@ fn stamped_time_never_goes_back_and_snapshots_round_trip() {
     assert_eq!(r.snapshot(), bytes);
     assert_eq!(r.allocation(g.allocation_id), l.allocation(g.allocation_id));
     assert!(Ledger::restore(&bytes[..bytes.len() / 2]).is_err());
+}
+
+fn release_cmd(g: &Grant, holder: &str, final_spend: u64) -> Command {
+    Command::Release {
+        allocation_id: g.allocation_id,
+        epoch: g.epoch,
+        holder: holder.into(),
+        final_spend,
+    }
+}
+
+#[test]
+fn finished_allocations_are_forgotten_and_snapshots_stay_bounded() {
+    let mut l = ledger(ACME);
+    let mut t = T0;
+    let mut first = None;
+    for i in 0..100_000u64 {
+        t += 10;
+        let holder = format!("gw{}", i % 7);
+        let g = granted(&acquire(&mut l, t, "eu", &holder, T, &format!("c{i}")));
+        first.get_or_insert(g);
+        let r = l.apply_at(&release_cmd(&g, &holder, 0), t);
+        assert_eq!(r, Response::Released { returned: T });
+        assert!(l.allocation_count() <= MAX_ENDED_KEPT);
+    }
+    // Within the retention a retried release gets its same answer.
+    let last = l
+        .allocations()
+        .last()
+        .cloned()
+        .expect("recent allocation kept");
+    let retry = Command::Release {
+        allocation_id: last.id,
+        epoch: last.epoch,
+        holder: last.holder.clone(),
+        final_spend: 0,
+    };
+    assert_eq!(l.apply_at(&retry, t), Response::Released { returned: T });
+    // A day later one Tick forgets every ended allocation and every remembered answer.
+    let day = t + 86_400_000;
+    l.apply_at(&Command::Tick, day);
+    assert_eq!(l.allocation_count(), 0);
+    let size = l.snapshot().len();
+    assert!(
+        size < 4 * 1024,
+        "snapshot of {size} bytes after 100,000 cycles"
+    );
+    // A forgotten id answers "ended"; an id never granted "not found"; nothing changes.
+    let before = l.snapshot();
+    match l.apply_at(&release_cmd(&first.unwrap(), "gw0", 0), day) {
+        Response::Rejected(LedgerError::FailedPrecondition(m)) => {
+            assert!(m.contains("ended"), "{m}")
+        }
+        other => panic!("{other:?}"),
+    }
+    let never = Command::Report {
+        allocation_id: 100_005,
+        epoch: 100_005,
+        holder: "gw0".into(),
+        cumulative_spend: 0,
+    };
+    assert!(matches!(
+        l.apply_at(&never, day),
+        Response::Rejected(LedgerError::NotFound(_))
+    ));
+    assert_eq!(l.snapshot(), before);
+    // Epochs still increase for a holder whose earlier allocations are all forgotten.
+    let g = granted(&acquire(&mut l, day, "eu", "gw0", T, "after"));
+    assert!(g.epoch > 100_000 && g.allocation_id == g.epoch, "{g:?}");
+}
+
+#[test]
+fn reports_and_releases_from_another_holder_are_refused() {
+    let mut l = ledger(ACME);
+    let g = granted(&acquire(&mut l, T0, "eu", "gw1", 10 * T, "r1"));
+    let before = l.snapshot();
+    let report = Command::Report {
+        allocation_id: g.allocation_id,
+        epoch: g.epoch,
+        holder: "gw2".into(),
+        cumulative_spend: 10 * T,
+    };
+    for cmd in [report, release_cmd(&g, "gw2", 0)] {
+        match l.apply_at(&cmd, T0) {
+            Response::Rejected(LedgerError::FailedPrecondition(m)) => {
+                assert!(m.contains("not held by \"gw2\""), "{m}")
+            }
+            other => panic!("{cmd:?}: {other:?}"),
+        }
+    }
+    assert_eq!(l.snapshot(), before, "a foreign holder changed state");
+    assert_eq!(
+        l.apply_at(&release_cmd(&g, "gw1", 0), T0),
+        Response::Released { returned: 10 * T }
+    );
+}
+
+const HUGE: &str = "domain: api
+descriptors:
+  - key: tenant
+    rate_limit:
+      unit: second
+      requests_per_unit: 1000000000000
+      burst: 1000000000000
+      lease: {ttl_ms: 60000, max_grant: 1000000000000, max_drift_ms: 60000}
+";
+
+#[test]
+fn totals_stay_exact_at_extreme_policies() {
+    // 10¹² tokens/s with 60 s leases: 19 full grants of 10¹⁸ microtokens would overflow u64.
+    let mut l = ledger(HUGE);
+    let want = allot_common::units::MAX_TOKENS * T;
+    let mut last = None;
+    let mut totals = Vec::new();
+    for (tenant, base) in [("a", T0), ("b", T0 + 25_000)] {
+        let mut total: u128 = 0;
+        for s in 0..25u64 {
+            let r = l.apply_at(
+                &Command::Acquire(Acquire {
+                    key: key(tenant),
+                    region: "eu".into(),
+                    holder: "gw".into(),
+                    want,
+                    demand_per_s: 0,
+                    request_id: format!("{tenant}{s}"),
+                }),
+                base + s * 1_000,
+            );
+            if let Response::Granted(g) = r {
+                total += u128::from(g.granted);
+                last = Some(g);
+            }
+        }
+        assert!(
+            total <= u128::from(u64::MAX) && total > 18 * u128::from(want),
+            "{tenant}: {total}"
+        );
+        let st = l.status(&key(tenant), base + 24_000).unwrap();
+        assert_eq!(u128::from(st.regions[0].granted), total);
+        totals.push(total);
+    }
+    // The ledger-wide bound saturates instead of wrapping.
+    assert_eq!(l.overshoot_bound(), u64::MAX);
+    // Claims far beyond a grant are clamped and their excess saturates.
+    let g = last.unwrap();
+    for _ in 0..2 {
+        l.apply_at(
+            &Command::Report {
+                allocation_id: g.allocation_id,
+                epoch: g.epoch,
+                holder: "gw".into(),
+                cumulative_spend: u64::MAX,
+            },
+            T0 + 49_000,
+        );
+    }
+    assert_eq!(l.violations().count, 2);
+    assert_eq!(l.violations().excess, u64::MAX);
+    // Everything expires: a's tokens were never reported and stay stranded, the live totals
+    // go to 0.
+    l.apply_at(&Command::Tick, T0 + 200_000);
+    let st = l.status(&key("a"), T0 + 200_000).unwrap();
+    assert_eq!(
+        (
+            u128::from(st.regions[0].stranded),
+            st.regions[0].granted,
+            st.regions[0].live_allocations
+        ),
+        (totals[0], 0, 0)
+    );
+    assert_eq!(l.overshoot_bound(), 0);
+}
+
+#[test]
+fn a_release_refunds_only_into_what_its_grant_was_charged() {
+    // A calendar quota added after the grant: the release must not refund into it.
+    let v1 = "domain: api\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: second, requests_per_unit: 10, burst: 40, lease: {max_grant: 20}}\n";
+    let v2 = "domain: api\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: second, requests_per_unit: 10, burst: 40, quota: {limit: 100, period: month}, lease: {max_grant: 20}}\n";
+    let put = |l: &mut Ledger, yaml: &str, v: u64, t: u64| {
+        let r = l.apply_at(
+            &Command::PutPolicy {
+                yaml: yaml.into(),
+                expected_version: v,
+            },
+            t,
+        );
+        assert!(matches!(r, Response::PolicyPut { .. }), "{r:?}");
+    };
+    let mut l = ledger(v1);
+    let old = granted(&acquire(&mut l, T0, "eu", "gw", 20 * T, "r1"));
+    put(&mut l, v2, 1, T0 + 1);
+    assert_eq!(
+        granted(&acquire(&mut l, T0 + 2, "eu", "gw", 10 * T, "r2")).granted,
+        10 * T
+    );
+    l.apply_at(&release_cmd(&old, "gw", 0), T0 + 3);
+    let st = l.status(&key("acme"), T0 + 3).unwrap();
+    assert_eq!(st.calendar_remaining, Some(90 * T));
+
+    // An algorithm-family change (token bucket → fixed window) between grant and release.
+    let fw = "domain: api\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: minute, requests_per_unit: 40, algorithm: fixed_window, lease: {ttl_ms: 30000, max_grant: 40}}\n";
+    let mut l = ledger(v1);
+    let old = granted(&acquire(&mut l, T0, "eu", "gw", 20 * T, "r1"));
+    put(&mut l, fw, 1, T0 + 1);
+    let mut window_total = 0;
+    for i in 0..3 {
+        if let Response::Granted(g) = acquire(&mut l, T0 + 2, "eu", "gw", 40 * T, &format!("w{i}"))
+        {
+            window_total += g.granted;
+        }
+    }
+    l.apply_at(&release_cmd(&old, "gw", 0), T0 + 3);
+    for i in 3..6 {
+        if let Response::Granted(g) = acquire(&mut l, T0 + 4, "eu", "gw", 40 * T, &format!("w{i}"))
+        {
+            window_total += g.granted;
+        }
+    }
+    assert!(
+        window_total <= 40 * T,
+        "granted {window_total} in a 40-token window"
+    );
+}
+
+#[test]
+fn fixed_window_grants_inside_the_drift_margin_are_not_made() {
+    let yaml = "domain: api\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: minute, requests_per_unit: 100, algorithm: fixed_window, lease: {ttl_ms: 30000, max_grant: 100, max_drift_ms: 500}}\n";
+    let mut l = ledger(yaml);
+    // The minute window ends at T0 + 60 s: 300 ms before it, a grant would arrive unusable.
+    match acquire(&mut l, T0 + 59_700, "eu", "gw", 10 * T, "r1") {
+        Response::Denied(d) => {
+            assert_eq!(d.retry_after_ms, 300);
+            assert!(d.reason.contains("drift margin"), "{d:?}");
+        }
+        other => panic!("{other:?}"),
+    }
+    // In the next window the whole limit is there.
+    assert_eq!(
+        granted(&acquire(&mut l, T0 + 60_000, "eu", "gw", 100 * T, "r2")).granted,
+        100 * T
+    );
 }

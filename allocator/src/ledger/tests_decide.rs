@@ -213,6 +213,7 @@ fn a_batch_is_its_commands_in_order_at_one_time() {
         Command::Report {
             allocation_id: 1,
             epoch: 1,
+            holder: "gw2".into(),
             cumulative_spend: 2 * T,
         },
         decide_cmd("eu", "gw1", 30 * T, "d1"),

@@ -89,6 +89,8 @@ pub enum Command {
         allocation_id: u64,
         /// Its epoch.
         epoch: u64,
+        /// The reporting holder; must be the allocation's.
+        holder: String,
         /// Cumulative microtokens spent since the grant.
         cumulative_spend: u64,
     },
@@ -98,6 +100,8 @@ pub enum Command {
         allocation_id: u64,
         /// Its epoch.
         epoch: u64,
+        /// The releasing holder; must be the allocation's.
+        holder: String,
         /// Final cumulative microtokens spent.
         final_spend: u64,
     },
@@ -116,7 +120,7 @@ pub enum Command {
 pub struct Grant {
     /// Never reused.
     pub allocation_id: u64,
-    /// Strictly increasing per policy + region + holder.
+    /// Equal to the allocation id, hence strictly increasing per policy + region + holder.
     pub epoch: u64,
     /// Microtokens granted; > 0.
     pub granted: u64,

@@ -53,6 +53,7 @@ pub fn report_command(b: pb::ReportRequest) -> Command {
     Command::Report {
         allocation_id: b.allocation_id,
         epoch: b.epoch,
+        holder: b.holder,
         cumulative_spend: b.cumulative_spend,
     }
 }
@@ -62,6 +63,7 @@ pub fn release_command(b: pb::ReleaseRequest) -> Command {
     Command::Release {
         allocation_id: b.allocation_id,
         epoch: b.epoch,
+        holder: b.holder,
         final_spend: b.final_spend,
     }
 }

@@ -73,6 +73,7 @@ async fn install(cluster: &LedgerCluster, node: u64) {
         .put_policy(pb::PutPolicyRequest {
             yaml: CENTRAL_POLICY.into(),
             expected_version: 0,
+            request_id: String::new(),
         })
         .await
         .expect("policy installed");
@@ -149,6 +150,7 @@ async fn batch_and_decide_through_a_follower_answer_every_item_in_order() {
             allocation_id: 999,
             epoch: 1,
             cumulative_spend: T,
+            holder: "gw1".into(),
         })),
         pb::BatchItem { op: None },
         item(Op::Decide(no_key)),
@@ -194,12 +196,14 @@ async fn batch_and_decide_through_a_follower_answer_every_item_in_order() {
             allocation_id: g.allocation_id,
             epoch,
             cumulative_spend: spend,
+            holder: "gw1".into(),
         }))
     };
     let release = item(Op::Release(pb::ReleaseRequest {
         allocation_id: g.allocation_id,
         epoch: g.epoch,
         final_spend: 3 * T,
+        holder: "gw1".into(),
     }));
     let items = vec![
         report(g.epoch, 2 * T),

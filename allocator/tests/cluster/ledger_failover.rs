@@ -101,9 +101,11 @@ async fn load_client(
                     allocation_id: g.allocation_id,
                     epoch: g.epoch,
                     cumulative_spend: g.granted / 2,
+                    holder: holder.clone(),
                 };
-                match call(&clients, &addrs, &mut target, |mut c| async move {
-                    c.report(rep).await
+                match call(&clients, &addrs, &mut target, |mut c| {
+                    let rep = rep.clone();
+                    async move { c.report(rep).await }
                 })
                 .await
                 {
@@ -157,6 +159,7 @@ async fn ledger_survives_failover_under_load_and_full_restart() {
         .put_policy(pb::PutPolicyRequest {
             yaml: API_POLICY.into(),
             expected_version: 0,
+            request_id: String::new(),
         })
         .await
         .expect("policy accepted")
@@ -294,7 +297,9 @@ async fn ledger_survives_failover_under_load_and_full_restart() {
             .expect("a2")
             .into_inner(),
     );
-    assert_eq!((a1.epoch, a2.epoch), (1, 2));
+    // An allocation's epoch is its id (never reused), so a holder's epochs strictly increase.
+    assert_eq!((a1.epoch, a2.epoch), (a1.allocation_id, a2.allocation_id));
+    assert!(a2.epoch > a1.epoch);
     let status = |c: &mut AllocatorClient<Channel>| {
         let mut c = c.clone();
         async move {
@@ -323,6 +328,7 @@ async fn ledger_survives_failover_under_load_and_full_restart() {
                 allocation_id: id,
                 epoch,
                 cumulative_spend: T,
+                holder: "gw-f".into(),
             })
             .await
             .expect_err("stale epoch");
@@ -411,12 +417,14 @@ async fn ledger_survives_failover_under_load_and_full_restart() {
             None => panic!("empty response"),
         }
     };
-    assert_eq!(Some(next.epoch - 1), max_epoch);
+    // Epochs are allocation ids: gw-0's continue above its last one, with no gap in the ids.
+    assert!(Some(next.epoch) > max_epoch && next.epoch == next.allocation_id);
     assert_eq!(Some(next.allocation_id - 1), max_id);
     let put = c
         .put_policy(pb::PutPolicyRequest {
             yaml: API_POLICY.into(),
             expected_version: versions_before,
+            request_id: String::new(),
         })
         .await
         .expect("policy update on top of the restored version")

@@ -59,6 +59,7 @@ async fn follower_forwards_hints_and_bad_input_changes_nothing() {
             .put_policy(pb::PutPolicyRequest {
                 yaml: yaml.into(),
                 expected_version: 0,
+                request_id: String::new(),
             })
             .await
             .expect("forwarded put")
@@ -151,6 +152,7 @@ async fn follower_forwards_hints_and_bad_input_changes_nothing() {
         let put = |yaml: &str, expected_version| pb::PutPolicyRequest {
             yaml: yaml.into(),
             expected_version,
+            request_id: String::new(),
         };
         let s = c
             .put_policy(put("domain: [", 0))
@@ -177,6 +179,7 @@ async fn follower_forwards_hints_and_bad_input_changes_nothing() {
                 allocation_id: 999_999,
                 epoch: 1,
                 cumulative_spend: 1,
+                holder: "gw-1".into(),
             })
             .await
             .expect_err("unknown allocation");
@@ -186,6 +189,7 @@ async fn follower_forwards_hints_and_bad_input_changes_nothing() {
                 allocation_id: g.allocation_id,
                 epoch: g.epoch + 1,
                 final_spend: 0,
+                holder: "gw-1".into(),
             })
             .await
             .expect_err("stale release");
@@ -199,6 +203,7 @@ async fn follower_forwards_hints_and_bad_input_changes_nothing() {
             policy: policy.into(),
             shares,
             config_version,
+            request_id: String::new(),
         };
         let s = c
             .set_shares(shares(

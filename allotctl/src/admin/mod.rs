@@ -238,6 +238,7 @@ pub fn policy(cmd: PolicyCommand) -> Result<()> {
             .put_policy(pb::PutPolicyRequest {
                 yaml,
                 expected_version,
+                request_id: String::new(),
             })
             .await
             .map_err(remote)?
@@ -265,6 +266,7 @@ pub fn shares(cmd: SharesCommand) -> Result<()> {
                 policy: policy.clone(),
                 shares,
                 config_version,
+                request_id: String::new(),
             })
             .await
             .map_err(remote)?

@@ -1,0 +1,162 @@
+//! The ledger's invariants as code (the list in the module docs of [`super`]), checked after
+//! every applied command in debug builds and after every step of the ledger tests.
+//!
+//! The check costs O(live allocations + keys × regions + shares + remembered answers): it never
+//! walks ended allocations one by one, so it stays cheap however long the ledger has run.
+
+use super::{AllocationState, Ledger};
+use allot_common::config::PPM;
+use std::collections::BTreeMap;
+
+/// A broken ledger invariant: a bug in the ledger, never a consequence of bad input.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("ledger invariant broken: {0}")]
+pub struct InvariantError(pub String);
+
+/// Σ over live allocations of one (rule id, key, region): count, granted, reported.
+type LiveSums = BTreeMap<(String, Vec<u8>, String), (u64, u128, u128)>;
+
+fn broken(msg: String) -> Result<(), InvariantError> {
+    Err(InvariantError(msg))
+}
+
+impl Ledger {
+    /// Checks every invariant of the ledger:
+    /// * every live allocation has `reported ≤ granted`, an id ≤ `next_id`, an epoch equal to its
+    ///   id (epochs come from the never-reused id space, so they strictly increase per policy,
+    ///   region and holder), and exactly one deadline entry; every deadline names a live one;
+    /// * ended allocations are indexed for forgetting, and no more are kept than the cap;
+    /// * per policy key and region, the live count, `granted_live` and `reported_live` equal the
+    ///   sums over its live allocations, and `reported_live ≤ granted_live`; a key's live count
+    ///   is the sum of its regions';
+    /// * per policy Σ configured shares ≤ 100 %, and per key Σ regional parts held (effective
+    ///   or reserved) ≤ 100 %;
+    /// * the idempotency cache and its time index hold the same entries.
+    ///
+    /// # Errors
+    /// [`InvariantError`] naming the first invariant found broken.
+    pub fn check_invariants(&self) -> Result<(), InvariantError> {
+        let sums = self.check_live_allocations()?;
+        self.check_key_totals(&sums)?;
+        self.check_share_invariants()?;
+        if self.requests.len() != self.request_times.len() {
+            return broken(format!(
+                "{} remembered answers but {} in the time index",
+                self.requests.len(),
+                self.request_times.len()
+            ));
+        }
+        Ok(())
+    }
+
+    fn check_live_allocations(&self) -> Result<LiveSums, InvariantError> {
+        let mut sums: LiveSums = BTreeMap::new();
+        for &(dead_at, id) in &self.deadlines {
+            let Some(a) = self.allocations.get(&id) else {
+                return Err(InvariantError(format!(
+                    "deadline of unknown allocation {id}"
+                )));
+            };
+            if a.state != AllocationState::Live || a.dead_at_ms != dead_at {
+                return Err(InvariantError(format!(
+                    "deadline ({dead_at}, {id}) does not match allocation {a:?}"
+                )));
+            }
+            if a.reported > a.granted || a.id > self.next_id || a.epoch != a.id {
+                return Err(InvariantError(format!(
+                    "live allocation out of bounds: {a:?}"
+                )));
+            }
+            let e = sums
+                .entry((a.rule_id.clone(), a.key.clone(), a.region.clone()))
+                .or_default();
+            e.0 += 1;
+            e.1 += u128::from(a.granted);
+            e.2 += u128::from(a.reported);
+        }
+        let ended = self.allocations.len() - self.deadlines.len().min(self.allocations.len());
+        if self.deadlines.len() > self.allocations.len() || ended != self.ended.len() {
+            return Err(InvariantError(format!(
+                "{} allocations, {} live by deadline, {} indexed as ended",
+                self.allocations.len(),
+                self.deadlines.len(),
+                self.ended.len()
+            )));
+        }
+        if self.ended.len() > super::MAX_ENDED_KEPT {
+            return Err(InvariantError(format!(
+                "{} ended allocations kept, more than {}",
+                self.ended.len(),
+                super::MAX_ENDED_KEPT
+            )));
+        }
+        Ok(sums)
+    }
+
+    fn check_key_totals(&self, sums: &LiveSums) -> Result<(), InvariantError> {
+        let mut seen = 0usize;
+        for ((rule, key), ks) in &self.keys {
+            let mut key_live = 0u64;
+            for (name, r) in &ks.regions {
+                let (n, g, rep) = sums
+                    .get(&(rule.clone(), key.clone(), name.clone()))
+                    .copied()
+                    .unwrap_or_default();
+                if n > 0 {
+                    seen += 1;
+                }
+                if (
+                    r.live,
+                    u128::from(r.granted_live),
+                    u128::from(r.reported_live),
+                ) != (n, g, rep)
+                {
+                    return broken(format!(
+                        "{rule} region {name}: totals (live {}, granted {}, reported {}) differ \
+                         from the sums over live allocations ({n}, {g}, {rep})",
+                        r.live, r.granted_live, r.reported_live
+                    ));
+                }
+                if r.reported_live > r.granted_live {
+                    return broken(format!("{rule} region {name}: reported > granted"));
+                }
+                key_live = key_live.saturating_add(r.live);
+            }
+            if ks.live != key_live {
+                return broken(format!(
+                    "{rule}: key live {} ≠ Σ regions {key_live}",
+                    ks.live
+                ));
+            }
+        }
+        if seen != sums.len() {
+            return broken("a live allocation has no policy key state".into());
+        }
+        Ok(())
+    }
+
+    fn check_share_invariants(&self) -> Result<(), InvariantError> {
+        for ((rule, _), ks) in &self.keys {
+            let held: u64 = ks
+                .parts
+                .by_region
+                .values()
+                .map(|p| u64::from(p.effective_ppm.max(p.reserved_ppm)))
+                .sum();
+            if held > u64::from(PPM) {
+                return broken(format!(
+                    "{rule}: regional parts hold {held} ppm, more than 100%"
+                ));
+            }
+        }
+        for (rule, ps) in &self.shares {
+            let total: u64 = ps.regions.values().map(|s| u64::from(s.target_ppm)).sum();
+            if total > u64::from(PPM) {
+                return broken(format!(
+                    "{rule}: shares add up to {total} ppm, more than 100%"
+                ));
+            }
+        }
+        Ok(())
+    }
+}
