@@ -14,7 +14,9 @@ pub enum AppError {
 /// Every replica applies the same commands with the same stamped times in the same order, so
 /// `apply` must be deterministic: no wall clock, no randomness, no iteration over unordered maps
 /// whose order could differ between processes.
-pub trait App: Default + Send + Sync + 'static {
+///
+/// `Clone` lets a snapshot be taken as a copy under the state lock and encoded outside it.
+pub trait App: Default + Clone + Send + Sync + 'static {
     /// A state-changing command, carried in a Raft log entry.
     type Command: serde::Serialize
         + serde::de::DeserializeOwned

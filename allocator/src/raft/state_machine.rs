@@ -186,27 +186,38 @@ fn store_snapshot(
     Ok(())
 }
 
-/// Builds snapshots from a copy of the state taken when the builder was created.
+/// Builds snapshots from a copy of the state taken when the builder was created. The copy is a
+/// clone taken under the state lock; the encoding, the slow part, runs in
+/// [`RaftSnapshotBuilder::build_snapshot`] without the lock, so `apply` never waits for it
+/// (issue 10 item 1).
 pub struct SledSnapshotBuilder<A> {
     tree: sled::Tree,
     store_lock: Arc<Mutex<()>>,
     seq: u64,
-    body: SnapshotBody,
-    _app: std::marker::PhantomData<fn() -> A>,
+    last_applied: Option<LogId<NodeId>>,
+    membership: Membership,
+    last_stamped_ms: u64,
+    app: A,
 }
 
 impl<A: App> RaftSnapshotBuilder<AllotRaft<A>> for SledSnapshotBuilder<A> {
     async fn build_snapshot(&mut self) -> Result<Snapshot<AllotRaft<A>>, StorageError<NodeId>> {
-        let snapshot_id = match self.body.last_applied {
+        let snapshot_id = match self.last_applied {
             Some(id) => format!("{}-{}-{}", id.leader_id, id.index, self.seq),
             None => format!("none-{}", self.seq),
         };
         let meta = Meta {
-            last_log_id: self.body.last_applied,
-            last_membership: self.body.membership.clone(),
+            last_log_id: self.last_applied,
+            last_membership: self.membership.clone(),
             snapshot_id,
         };
-        let data = encode(&self.body)
+        let body = SnapshotBody {
+            last_applied: self.last_applied,
+            membership: self.membership.clone(),
+            last_stamped_ms: self.last_stamped_ms,
+            app: self.app.snapshot(),
+        };
+        let data = encode(&body)
             .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), &e))?;
         let stored = StoredSnapshot { meta, data };
         store_snapshot(&self.tree, &self.store_lock, &stored)?;
@@ -267,13 +278,11 @@ impl<A: App> RaftStateMachine<AllotRaft<A>> for SledStateMachine<A> {
             tree: self.tree.clone(),
             store_lock: self.store_lock.clone(),
             seq: self.snapshot_seq.fetch_add(1, Ordering::Relaxed),
-            body: SnapshotBody {
-                last_applied: state.last_applied,
-                membership: state.membership.clone(),
-                last_stamped_ms: state.last_stamped_ms,
-                app: state.app.snapshot(),
-            },
-            _app: std::marker::PhantomData,
+            last_applied: state.last_applied,
+            membership: state.membership.clone(),
+            last_stamped_ms: state.last_stamped_ms,
+            // A copy, not the encoding: the lock is held only for the clone.
+            app: state.app.clone(),
         }
     }
 
@@ -388,6 +397,32 @@ mod tests {
         assert_eq!(applied, Some(log_id(4)));
         assert_eq!(membership.log_id(), &Some(log_id(2)));
         assert_eq!(sm.handle().last_stamped_ms(), 5_000);
+    }
+
+    #[tokio::test]
+    async fn snapshot_is_encoded_from_a_copy_while_apply_continues() {
+        let (_dir, db) = temp_db();
+        let mut sm = SledStateMachine::<CounterApp>::open(&db).expect("open");
+        sm.apply([add(1, 100, 3)]).await.expect("apply");
+        let mut builder = sm.get_snapshot_builder().await;
+        // The builder holds no lock: applies go on before its (slow) encoding runs.
+        assert!(
+            sm.state.try_write().is_some(),
+            "the builder holds the state lock"
+        );
+        sm.apply([add(2, 200, 4)])
+            .await
+            .expect("apply while building");
+        let snapshot = builder.build_snapshot().await.expect("build");
+        assert_eq!(snapshot.meta.last_log_id, Some(log_id(1)));
+        let (_dir2, db2) = temp_db();
+        let mut other = SledStateMachine::<CounterApp>::open(&db2).expect("open");
+        other
+            .install_snapshot(&snapshot.meta, snapshot.snapshot)
+            .await
+            .expect("install");
+        assert_eq!(other.handle().read(|app| app.get("k", 150)), Some(3));
+        assert_eq!(sm.handle().read(|app| app.get("k", 250)), Some(7));
     }
 
     #[tokio::test]
