@@ -2,6 +2,7 @@
 //! remainder), debited from every one of them at grant time (seed §21). The sources and what
 //! they hold are [`super::sources`]'s.
 
+use super::calendar::period_bounds;
 use super::division::Demand;
 use super::fair_share::fair_part;
 use super::sources::{available, check_id, debit, wait_for, OverCapacity};
@@ -216,7 +217,7 @@ impl Ledger {
             .keys
             .range((prefix.clone(), Vec::new())..)
             .take_while(|((r, _), _)| *r == prefix)
-            .filter(|(_, ks)| is_idle(ks, now_ns))
+            .filter(|(_, ks)| is_idle(ks, rule, now_ns))
             .map(|(k, _)| k.clone())
             .collect();
         if idle.is_empty() {
@@ -252,7 +253,17 @@ fn window_left_ms(params: &LimitParams, now_ns: u64) -> Option<u64> {
     Some(end_ns / 1_000_000 - now_ns / 1_000_000)
 }
 
-fn is_idle(ks: &KeyState, now_ns: u64) -> bool {
+/// Whether a key holds nothing that evicting it would lose: no live allocation, full buckets,
+/// and no calendar usage of the current period (usage of an ended period no longer limits
+/// anything, issue 10 item 9).
+fn is_idle(ks: &KeyState, rule: &Rule, now_ns: u64) -> bool {
+    let now_ms = now_ns / 1_000_000;
+    let calendar_idle = |(start, used): (u64, u64)| {
+        used == 0
+            || rule
+                .quota
+                .is_none_or(|q| period_bounds(q.period, now_ms).0 != start)
+    };
     let region_idle = |r: &RegionKeyState| {
         r.live == 0
             && r.bucket
@@ -260,7 +271,7 @@ fn is_idle(ks: &KeyState, now_ns: u64) -> bool {
                 .is_none_or(|b| b.params.is_idle(&b.state, now_ns))
     };
     ks.live == 0
-        && ks.calendar.is_none_or(|(_, used)| used == 0)
+        && ks.calendar.is_none_or(calendar_idle)
         && ks.global.params.is_idle(&ks.global.state, now_ns)
         && ks.regions.values().all(region_idle)
 }

@@ -973,3 +973,33 @@ fn fixed_window_grants_inside_the_drift_margin_are_not_made() {
         100 * T
     );
 }
+
+#[test]
+fn calendar_keys_become_idle_when_their_period_ends() {
+    let yaml = "domain: api\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: second, requests_per_unit: 10, burst: 10, max_keys: 1, quota: {limit: 1000, period: day}}\n";
+    let mut l = ledger(yaml);
+    let acq = |l: &mut Ledger, tenant: &str, t: u64, id: &str| {
+        l.apply_at(
+            &Command::Acquire(Acquire {
+                key: key(tenant),
+                region: "eu".into(),
+                holder: "gw".into(),
+                want: T,
+                demand_per_s: 0,
+                request_id: id.into(),
+            }),
+            t,
+        )
+    };
+    let a = granted(&acq(&mut l, "a", T0, "1"));
+    l.apply_at(&release_cmd(&a, "gw", T), T0 + 10);
+    // Same day, bucket full again: "a" still holds this day's calendar usage.
+    assert!(matches!(
+        acq(&mut l, "b", T0 + 5_000, "2"),
+        Response::Rejected(LedgerError::ResourceExhausted(_))
+    ));
+    // The next day "a"'s usage limits nothing: it is idle and makes room.
+    let next_day = (T0 / 86_400_000 + 1) * 86_400_000;
+    granted(&acq(&mut l, "b", next_day, "3"));
+    assert_eq!(l.key_count(), 1);
+}
