@@ -28,7 +28,8 @@ echo "== 3/5 release build"
 cargo build --release --workspace --bins
 
 echo "== 4/5 end to end on real processes"
-ALLOT_BIN_DIR="$root/target/release" cargo test --release -p allot-e2e -- --nocapture
+# `--workspace` keeps the release feature set of step 3, so no dependency is rebuilt.
+ALLOT_BIN_DIR="$root/target/release" cargo test --release --workspace --test e2e -- --nocapture
 
 echo "== 5/5 Envoy RLS conformance and a real Envoy"
 venv="$root/target/pyvenv"
