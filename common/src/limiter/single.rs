@@ -1,0 +1,92 @@
+//! The single-descriptor fast path: the same answer as the general path in `decide` (a property
+//! test compares the two step by step), without its bookkeeping for several slots.
+
+use super::outcome::limited_status;
+use super::{Code, DescriptorStatus, Outcome, Reason, Snapshot, SnapshotDomain};
+use crate::config::{RuleLimit, Scope};
+use crate::decision::RetryAfter;
+use crate::descriptor::Request;
+use crate::global::{GlobalKey, GlobalLimits};
+use crate::keyed::TableFull;
+use crate::units::{tokens_to_micros, Nanos};
+
+/// The decision of a request of exactly one descriptor: the same answer as the
+/// general path (a property test compares the two), without its bookkeeping for several slots.
+/// Its slot is lent under the shard's read lock (no reference count touched) and a leased
+/// descriptor is committed, not reserved, since nothing can cancel it. `None` when the slot was
+/// evicted under us (only possible for a slot created just now); the general path then retries.
+#[inline]
+pub(super) fn decide_one<G: GlobalLimits>(
+    snap: &Snapshot,
+    dom: &SnapshotDomain,
+    req: &Request<'_>,
+    now: Nanos,
+    statuses: &mut Vec<DescriptorStatus>,
+    global: Option<&G>,
+) -> Option<Outcome> {
+    let ok = Outcome::ok(snap.version);
+    let entries = req.descriptors[0].entries;
+    let Some(ri) = dom
+        .config
+        .match_rule(entries.iter().map(|e| (e.key, e.value)))
+    else {
+        statuses.push(DescriptorStatus::unlimited(Reason::NoRule, None));
+        return Some(ok);
+    };
+    let rule = &dom.config.rules[ri];
+    let RuleLimit::Limited { params, .. } = rule.limit else {
+        statuses.push(DescriptorStatus::unlimited(
+            Reason::Unlimited,
+            Some(ri as u32),
+        ));
+        return Some(ok);
+    };
+    let cost = tokens_to_micros(req.cost_tokens(0));
+    let mut awaiting_lease = false;
+    let decided = match global {
+        Some(g) if rule.scope == Scope::Global => {
+            let key = GlobalKey {
+                domain: req.domain,
+                rule,
+                rule_index: ri as u32,
+                entries,
+            };
+            let r = g.commit(key, cost, now);
+            awaiting_lease = r.cold && !r.decision.allowed;
+            Some(r.decision)
+        }
+        _ => {
+            let table = &dom.tables[ri];
+            let hash = table.hash(entries);
+            let decided = table.with_slot(entries, hash, &params, snap.version, now, |slot| {
+                let mut g = slot.value.lock();
+                if g.evicted {
+                    return None;
+                }
+                // The slot's parameters after the move to this version (or a newer one's).
+                let p = g.advance(&params, snap.version, snap.activated_at);
+                let d = p.check(&mut g.state, now, cost);
+                if d.allowed {
+                    p.spend(&mut g.state, now, cost);
+                }
+                Some(d)
+            });
+            match decided {
+                Ok(Some(d)) => Some(d),
+                Ok(None) => return None,
+                Err(TableFull { .. }) => None,
+            }
+        }
+    };
+    let status = limited_status(rule, ri as u32, &params, decided);
+    statuses.push(status);
+    if rule.shadow_mode || status.code == Code::Ok {
+        return Some(ok);
+    }
+    Some(Outcome {
+        code: Code::OverLimit,
+        retry_after: status.retry_after.max(RetryAfter::Now),
+        policy_version: snap.version,
+        awaiting_lease: awaiting_lease && !rule.shadow_mode,
+    })
+}
