@@ -62,6 +62,18 @@ pub fn millis_to_nanos(ms: u64) -> Nanos {
     ms.saturating_mul(NANOS_PER_MILLI)
 }
 
+/// Parts per million in one whole: a share or fraction of `ppm` is `ppm / PPM_PER_WHOLE`.
+pub const PPM_PER_WHOLE: u64 = 1_000_000;
+
+/// `value × ppm / 10⁶`, rounded down, saturating at `u64::MAX` (a share of a capacity or a
+/// limit, issue 11 item 6: the one home of this conversion). Exact for whole-token values
+/// (multiples of [`MICROS_PER_TOKEN`]), which every configured capacity and limit is.
+#[inline]
+pub fn ppm_of(value: u64, ppm: u32) -> u64 {
+    let scaled = u128::from(value) * u128::from(ppm) / u128::from(PPM_PER_WHOLE);
+    u64::try_from(scaled).unwrap_or(u64::MAX)
+}
+
 /// `ceil(a / b)` on `u128`, for `b > 0`.
 #[inline]
 pub(crate) fn div_ceil_u128(a: u128, b: u128) -> u128 {
@@ -94,6 +106,20 @@ pub(crate) fn sat_u64(v: u128) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ppm_of_is_exact_and_saturates_at_the_extremes() {
+        // Half of 3 tokens is 1.5 tokens; 0 ppm of anything is 0; 10⁶ ppm is the whole.
+        assert_eq!(ppm_of(3 * MICROS_PER_TOKEN, 500_000), 1_500_000);
+        assert_eq!(ppm_of(u64::MAX, 0), 0);
+        assert_eq!(ppm_of(0, u32::MAX), 0);
+        assert_eq!(ppm_of(u64::MAX, 1_000_000), u64::MAX);
+        // Floor: 1 microtoken × 999_999 ppm is 0.999999, which rounds down.
+        assert_eq!(ppm_of(1, 999_999), 0);
+        // Above the whole, the product leaves u64: saturate, never wrap.
+        assert_eq!(ppm_of(u64::MAX, 2_000_000), u64::MAX);
+        assert_eq!(ppm_of(u64::MAX, u32::MAX), u64::MAX);
+    }
 
     #[test]
     fn conversions_saturate_instead_of_overflowing() {

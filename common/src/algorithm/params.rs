@@ -1,6 +1,8 @@
 //! Validated, exact parameters of a limit.
 
-use crate::units::{tokens_to_micros, Micros, Nanos, MAX_PERIOD_NS, MAX_TOKENS};
+use crate::units::{
+    ppm_of, tokens_to_micros, Micros, Nanos, MAX_PERIOD_NS, MAX_TOKENS, PPM_PER_WHOLE,
+};
 use std::fmt;
 
 /// A refill rate as an exact ratio: `micros` microtokens every `per_ns` nanoseconds.
@@ -46,7 +48,7 @@ impl Rate {
     pub fn scaled(self, ppm: u32) -> Option<Rate> {
         Rate::reduced(
             u128::from(self.micros) * u128::from(ppm),
-            u128::from(self.per_ns) * 1_000_000,
+            u128::from(self.per_ns) * u128::from(PPM_PER_WHOLE),
         )
     }
 }
@@ -244,6 +246,65 @@ impl LimitParams {
             | LimitParams::SlidingLog(w) => w.limit,
         }
     }
+
+    /// The long-run refill rate: a bucket's `rate`; for a window, `limit` microtokens per
+    /// `period_ns` (kept as given, not reduced: this is on the agent's decide path and every
+    /// use of it is exact for any terms of the same ratio).
+    #[inline]
+    pub fn refill_rate(&self) -> Rate {
+        match *self {
+            LimitParams::TokenBucket { rate, .. } | LimitParams::Gcra { rate, .. } => rate,
+            LimitParams::FixedWindow(w)
+            | LimitParams::SlidingWindow(w)
+            | LimitParams::SlidingLog(w) => Rate {
+                micros: w.limit,
+                per_ns: w.period_ns,
+            },
+        }
+    }
+
+    /// Nanoseconds for the [`refill_rate`](Self::refill_rate) to produce `cost` microtokens,
+    /// rounded up (a wait is never reported shorter than it is); saturates at `u64::MAX`. A
+    /// zero rate term (never built by [`new`](Self::new)) counts as one microtoken per period,
+    /// never a division by zero. Exact: 64-bit where the product fits, else 128-bit.
+    #[inline]
+    pub fn time_for(&self, cost: Micros) -> Nanos {
+        let rate = self.refill_rate();
+        let per_micro = rate.micros.max(1);
+        // A 64-bit division is inlined where a 128-bit one is a library call; same quotient.
+        if let Some(units) = cost.checked_mul(rate.per_ns) {
+            return units.div_ceil(per_micro);
+        }
+        let ns = (u128::from(cost) * u128::from(rate.per_ns)).div_ceil(u128::from(per_micro));
+        u64::try_from(ns).unwrap_or(u64::MAX)
+    }
+
+    /// These parameters scaled by a share of `ppm` parts per million (a region's share of a
+    /// policy, seed §27): capacity or limit × ppm / 10⁶ (rounded down, saturating; exact for
+    /// whole-token limits), the rate scaled as an exact ratio, window periods unchanged.
+    /// `None` at 0 ppm, or when the scaled rate does not fit in 64-bit terms.
+    pub fn scaled(&self, ppm: u32) -> Option<LimitParams> {
+        if ppm == 0 {
+            return None;
+        }
+        let window = |w: WindowParams| WindowParams {
+            limit: ppm_of(w.limit, ppm),
+            period_ns: w.period_ns,
+        };
+        Some(match *self {
+            LimitParams::TokenBucket { capacity, rate } => LimitParams::TokenBucket {
+                capacity: ppm_of(capacity, ppm),
+                rate: rate.scaled(ppm)?,
+            },
+            LimitParams::Gcra { capacity, rate } => LimitParams::Gcra {
+                capacity: ppm_of(capacity, ppm),
+                rate: rate.scaled(ppm)?,
+            },
+            LimitParams::FixedWindow(w) => LimitParams::FixedWindow(window(w)),
+            LimitParams::SlidingWindow(w) => LimitParams::SlidingWindow(window(w)),
+            LimitParams::SlidingLog(w) => LimitParams::SlidingLog(window(w)),
+        })
+    }
 }
 
 #[cfg(test)]
@@ -297,6 +358,82 @@ mod tests {
                     per_ns: 100
                 }
             }
+        );
+    }
+
+    fn bucket(micros: u64, per_ns: u64) -> LimitParams {
+        LimitParams::TokenBucket {
+            capacity: u64::MAX,
+            rate: Rate { micros, per_ns },
+        }
+    }
+
+    #[test]
+    fn time_for_is_exact_across_the_64_bit_boundary() {
+        // One token a second: a token takes exactly 1 s; at 3 microtokens per 10 ns one
+        // microtoken takes 3.33 ns, rounded up to 4.
+        assert_eq!(
+            bucket(1_000_000, 1_000_000_000).time_for(1_000_000),
+            1_000_000_000
+        );
+        assert_eq!(bucket(3, 10).time_for(1), 4);
+        // cost × per_ns beyond u64: the 128-bit path gives the same exact quotient.
+        assert_eq!(bucket(u64::MAX, 2).time_for(u64::MAX), 2);
+        assert_eq!(bucket(u64::MAX / 2, 1).time_for(u64::MAX), 3);
+        // A quotient beyond u64 saturates; nothing costs nothing.
+        assert_eq!(bucket(1, u64::MAX).time_for(u64::MAX), u64::MAX);
+        assert_eq!(bucket(1, u64::MAX).time_for(0), 0);
+        // A zero rate is treated as one microtoken per period, never a division by zero.
+        assert_eq!(bucket(0, 7).time_for(5), 35);
+    }
+
+    #[test]
+    fn a_window_refills_its_limit_per_period() {
+        let w = LimitParams::new(AlgorithmKind::FixedWindow, 4, 1_000_000_000, None).unwrap();
+        assert_eq!(
+            w.refill_rate(),
+            Rate {
+                micros: 4_000_000,
+                per_ns: 1_000_000_000
+            }
+        );
+        // A quarter of the window's limit takes a quarter of its period.
+        assert_eq!(w.time_for(1_000_000), 250_000_000);
+        let b = bucket(7, 9);
+        assert_eq!(
+            b.refill_rate(),
+            Rate {
+                micros: 7,
+                per_ns: 9
+            }
+        );
+    }
+
+    #[test]
+    fn scaling_by_a_share_is_exact_and_keeps_the_shape() {
+        let tb = LimitParams::new(AlgorithmKind::TokenBucket, 10, 1_000_000_000, Some(40)).unwrap();
+        assert_eq!(
+            tb.scaled(250_000),
+            LimitParams::new(AlgorithmKind::TokenBucket, 10, 4_000_000_000, Some(10)).ok()
+        );
+        let sw = LimitParams::new(AlgorithmKind::SlidingWindow, 8, 60_000_000_000, None).unwrap();
+        assert_eq!(
+            sw.scaled(500_000),
+            LimitParams::new(AlgorithmKind::SlidingWindow, 4, 60_000_000_000, None).ok()
+        );
+        assert_eq!(tb.scaled(1_000_000), Some(tb));
+        assert_eq!(tb.scaled(0), None);
+        // Extremes: a capacity of u64::MAX above the whole saturates; a rate whose exact
+        // scaled terms leave 64 bits is refused, not rounded.
+        let huge = bucket(1, 1);
+        let LimitParams::TokenBucket { capacity, rate } = huge.scaled(u32::MAX).unwrap() else {
+            panic!("a bucket stays a bucket");
+        };
+        assert_eq!(capacity, u64::MAX);
+        assert_eq!(rate, Rate::new(u64::from(u32::MAX), 1_000_000).unwrap());
+        assert_eq!(
+            bucket(999_999_999_999_999_989, 999_999_999_999_999_967).scaled(333_333),
+            None
         );
     }
 }
