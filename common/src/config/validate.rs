@@ -1,6 +1,6 @@
 //! Raw YAML → validated [`DomainConfig`], with a precise error for every bad value.
 
-use super::raw::{RawDescriptor, RawDomain, RawRateLimit, Scalar};
+use super::raw::{RawDescriptor, RawDomain, RawRateLimit, RawRegion, Scalar};
 use super::{
     CalendarPeriod, CalendarQuota, Children, ConfigError, DomainConfig, FailureMode, LeaseSettings,
     Node, RegionShare, Rule, RuleLimit, Scope, SharesMode, Unit, DEFAULT_MAX_KEYS,
@@ -206,6 +206,17 @@ fn refuse_replaces(cx: &Ctx<'_>, rl: &RawRateLimit, path: &str) -> Result<(), Co
     })
 }
 
+/// `path.field`, the location of a field of the rule at `path` in an error.
+fn field(path: &str, name: &str) -> String {
+    format!("{path}.{name}")
+}
+
+/// Validates one `rate_limit` at `path` into the rule `id`, phase by phase in the order its
+/// fields are reported: the refused `replaces`, name, scope and failure mode, key caps, the
+/// limit, fuse, quota, lease, regions and shares mode. The first bad field is the error.
+///
+/// # Errors
+/// [`ConfigError::Invalid`] naming the file, the field's path, its value and what is expected.
 fn rule(
     cx: &Ctx<'_>,
     rl: &RawRateLimit,
@@ -213,95 +224,152 @@ fn rule(
     id: &str,
     shadow: bool,
 ) -> Result<Rule, ConfigError> {
-    let f = |field: &str| format!("{path}.{field}");
-    refuse_replaces(cx, rl, &f("replaces"))?;
-    let name = cx.text(&f("name"), rl.name.as_ref())?.map(str::to_string);
-    let scope = match cx.text(&f("scope"), rl.scope.as_ref())? {
+    refuse_replaces(cx, rl, &field(path, "replaces"))?;
+    let name = cx.text(&field(path, "name"), rl.name.as_ref())?;
+    let name = name.map_or_else(|| id.to_string(), str::to_string);
+    let (scope, failure_mode) = modes(cx, rl, path)?;
+    let max_keys = cx
+        .positive(&field(path, "max_keys"), rl.max_keys.as_ref(), 1 << 32)?
+        .unwrap_or(DEFAULT_MAX_KEYS);
+    let max_in_flight = cx.positive(
+        &field(path, "max_in_flight"),
+        rl.max_in_flight.as_ref(),
+        1 << 32,
+    )?;
+    let limit = rule_limit(cx, rl, path)?;
+    let fuse = fuse(cx, rl, path, &limit)?;
+    let quota = quota(cx, rl, path)?;
+    let lease = lease(cx, rl, path, &limit)?;
+    let regions = regions(cx, rl, path, &limit)?;
+    let shares_mode = shares_mode(cx, rl, path)?;
+    Ok(Rule {
+        shares_mode,
+        max_in_flight,
+        fuse,
+        quota,
+        lease,
+        regions,
+        id: id.to_string(),
+        name,
+        limit,
+        shadow_mode: shadow,
+        scope,
+        failure_mode,
+        max_keys,
+        source: cx.file.to_path_buf(),
+    })
+}
+
+/// `scope` (default global) and `failure_mode` (default deny).
+fn modes(cx: &Ctx<'_>, rl: &RawRateLimit, path: &str) -> Result<(Scope, FailureMode), ConfigError> {
+    let scope = match cx.text(&field(path, "scope"), rl.scope.as_ref())? {
         None | Some("global") => Scope::Global,
         Some("local") => Scope::Local,
         Some(_) => {
-            return Err(cx.invalid(&f("scope"), rl.scope.as_ref(), "must be global or local"))
+            return Err(cx.invalid(
+                &field(path, "scope"),
+                rl.scope.as_ref(),
+                "must be global or local",
+            ))
         }
     };
-    let failure_mode = match cx.text(&f("failure_mode"), rl.failure_mode.as_ref())? {
+    let failure_mode = match cx.text(&field(path, "failure_mode"), rl.failure_mode.as_ref())? {
         None | Some("deny") => FailureMode::Deny,
         Some("emergency") => FailureMode::Emergency,
         Some(_) => {
             return Err(cx.invalid(
-                &f("failure_mode"),
+                &field(path, "failure_mode"),
                 rl.failure_mode.as_ref(),
                 "must be deny or emergency",
             ))
         }
     };
-    let max_keys = cx
-        .positive(&f("max_keys"), rl.max_keys.as_ref(), 1 << 32)?
-        .unwrap_or(DEFAULT_MAX_KEYS);
-    let max_in_flight = cx.positive(&f("max_in_flight"), rl.max_in_flight.as_ref(), 1 << 32)?;
+    Ok((scope, failure_mode))
+}
+
+/// `unlimited: true`, or the limit from unit, requests_per_unit, unit_multiplier, algorithm
+/// and burst.
+fn rule_limit(cx: &Ctx<'_>, rl: &RawRateLimit, path: &str) -> Result<RuleLimit, ConfigError> {
+    let f = |name: &str| field(path, name);
     let unlimited = cx
         .boolean(&f("unlimited"), rl.unlimited.as_ref())?
         .unwrap_or(false);
-    let limit = if unlimited {
-        RuleLimit::Unlimited
-    } else {
-        let unit_text = cx
-            .text(&f("unit"), rl.unit.as_ref())?
-            .ok_or_else(|| cx.invalid(&f("unit"), None, "is required unless unlimited: true"))?;
-        let unit = Unit::parse(unit_text).ok_or_else(|| {
+    if unlimited {
+        return Ok(RuleLimit::Unlimited);
+    }
+    let unit_text = cx
+        .text(&f("unit"), rl.unit.as_ref())?
+        .ok_or_else(|| cx.invalid(&f("unit"), None, "is required unless unlimited: true"))?;
+    let unit = Unit::parse(unit_text).ok_or_else(|| {
+        cx.invalid(
+            &f("unit"),
+            rl.unit.as_ref(),
+            "must be one of second, minute, hour, day",
+        )
+    })?;
+    let rpu = cx
+        .positive(
+            &f("requests_per_unit"),
+            rl.requests_per_unit.as_ref(),
+            MAX_TOKENS,
+        )?
+        .ok_or_else(|| cx.invalid(&f("requests_per_unit"), None, "is required"))?;
+    let max_mult = MAX_PERIOD_NS / unit.nanos();
+    let mult = cx
+        .positive(&f("unit_multiplier"), rl.unit_multiplier.as_ref(), max_mult)?
+        .unwrap_or(1);
+    let kind = algorithm(cx, rl, path)?;
+    let burst = cx.positive(&f("burst"), rl.burst.as_ref(), MAX_TOKENS)?;
+    if burst.is_some() && !kind.is_bucket() {
+        return Err(cx.invalid(
+            &f("burst"),
+            rl.burst.as_ref(),
+            format!("applies only to token_bucket and gcra, not {kind}"),
+        ));
+    }
+    if kind == AlgorithmKind::SlidingLog && rpu > MAX_SLIDING_LOG_LIMIT {
+        return Err(cx.invalid(
+            &f("requests_per_unit"),
+            rl.requests_per_unit.as_ref(),
+            format!(
+                "sliding_log keeps every event, so it is limited to {MAX_SLIDING_LOG_LIMIT} per window; use sliding_window for larger limits"
+            ),
+        ));
+    }
+    let params = LimitParams::new(kind, rpu, unit.nanos() * mult, burst)
+        .map_err(|e| cx.invalid(path, None, e.to_string()))?;
+    Ok(RuleLimit::Limited {
+        params,
+        requests_per_unit: rpu,
+        unit,
+        unit_multiplier: mult,
+    })
+}
+
+/// `algorithm`, default token_bucket.
+fn algorithm(cx: &Ctx<'_>, rl: &RawRateLimit, path: &str) -> Result<AlgorithmKind, ConfigError> {
+    let at = field(path, "algorithm");
+    match cx.text(&at, rl.algorithm.as_ref())? {
+        None => Ok(AlgorithmKind::TokenBucket),
+        Some(s) => AlgorithmKind::parse(s).ok_or_else(|| {
             cx.invalid(
-                &f("unit"),
-                rl.unit.as_ref(),
-                "must be one of second, minute, hour, day",
+                &at,
+                rl.algorithm.as_ref(),
+                "unknown algorithm; expected one of token_bucket, gcra, fixed_window, sliding_window, sliding_log",
             )
-        })?;
-        let rpu = cx
-            .positive(
-                &f("requests_per_unit"),
-                rl.requests_per_unit.as_ref(),
-                MAX_TOKENS,
-            )?
-            .ok_or_else(|| cx.invalid(&f("requests_per_unit"), None, "is required"))?;
-        let max_mult = MAX_PERIOD_NS / unit.nanos();
-        let mult = cx
-            .positive(&f("unit_multiplier"), rl.unit_multiplier.as_ref(), max_mult)?
-            .unwrap_or(1);
-        let kind = match cx.text(&f("algorithm"), rl.algorithm.as_ref())? {
-            None => AlgorithmKind::TokenBucket,
-            Some(s) => AlgorithmKind::parse(s).ok_or_else(|| {
-                cx.invalid(
-                    &f("algorithm"),
-                    rl.algorithm.as_ref(),
-                    "unknown algorithm; expected one of token_bucket, gcra, fixed_window, sliding_window, sliding_log",
-                )
-            })?,
-        };
-        let burst = cx.positive(&f("burst"), rl.burst.as_ref(), MAX_TOKENS)?;
-        if burst.is_some() && !kind.is_bucket() {
-            return Err(cx.invalid(
-                &f("burst"),
-                rl.burst.as_ref(),
-                format!("applies only to token_bucket and gcra, not {kind}"),
-            ));
-        }
-        if kind == AlgorithmKind::SlidingLog && rpu > MAX_SLIDING_LOG_LIMIT {
-            return Err(cx.invalid(
-                &f("requests_per_unit"),
-                rl.requests_per_unit.as_ref(),
-                format!(
-                    "sliding_log keeps every event, so it is limited to {MAX_SLIDING_LOG_LIMIT} per window; use sliding_window for larger limits"
-                ),
-            ));
-        }
-        let params = LimitParams::new(kind, rpu, unit.nanos() * mult, burst)
-            .map_err(|e| cx.invalid(path, None, e.to_string()))?;
-        RuleLimit::Limited {
-            params,
-            requests_per_unit: rpu,
-            unit,
-            unit_multiplier: mult,
-        }
-    };
-    let limit_period = match limit {
+        }),
+    }
+}
+
+/// The local `fuse`: a token bucket over the limit's period; only on a limited rule.
+fn fuse(
+    cx: &Ctx<'_>,
+    rl: &RawRateLimit,
+    path: &str,
+    limit: &RuleLimit,
+) -> Result<Option<LimitParams>, ConfigError> {
+    let fp = field(path, "fuse");
+    let period = match *limit {
         RuleLimit::Limited {
             unit,
             unit_multiplier,
@@ -309,99 +377,117 @@ fn rule(
         } => Some(unit.nanos() * unit_multiplier),
         RuleLimit::Unlimited => None,
     };
-    let fuse = match (&rl.fuse, limit_period) {
-        (None, _) => None,
+    let (fz, period) = match (&rl.fuse, period) {
+        (None, _) => return Ok(None),
         (Some(_), None) => {
             return Err(cx.invalid(
-                &f("fuse"),
+                &fp,
                 None,
                 "needs a limited rate_limit (unit and requests_per_unit)",
             ))
         }
-        (Some(fz), Some(period)) => {
-            let fp = f("fuse");
-            let rpu = cx
-                .positive(
-                    &format!("{fp}.requests_per_unit"),
-                    fz.requests_per_unit.as_ref(),
-                    MAX_TOKENS,
-                )?
-                .ok_or_else(|| {
-                    cx.invalid(&format!("{fp}.requests_per_unit"), None, "is required")
-                })?;
-            let burst = cx.positive(&format!("{fp}.burst"), fz.burst.as_ref(), MAX_TOKENS)?;
-            Some(
-                LimitParams::new(AlgorithmKind::TokenBucket, rpu, period, burst)
-                    .map_err(|e| cx.invalid(&fp, None, e.to_string()))?,
-            )
-        }
+        (Some(fz), Some(period)) => (fz, period),
     };
+    let rpu_at = format!("{fp}.requests_per_unit");
+    let rpu = cx
+        .positive(&rpu_at, fz.requests_per_unit.as_ref(), MAX_TOKENS)?
+        .ok_or_else(|| cx.invalid(&rpu_at, None, "is required"))?;
+    let burst = cx.positive(&format!("{fp}.burst"), fz.burst.as_ref(), MAX_TOKENS)?;
+    LimitParams::new(AlgorithmKind::TokenBucket, rpu, period, burst)
+        .map(Some)
+        .map_err(|e| cx.invalid(&fp, None, e.to_string()))
+}
+
+/// The calendar `quota`: a limit in whole tokens per day or month.
+fn quota(
+    cx: &Ctx<'_>,
+    rl: &RawRateLimit,
+    path: &str,
+) -> Result<Option<CalendarQuota>, ConfigError> {
+    let Some(q) = &rl.quota else {
+        return Ok(None);
+    };
+    let qp = field(path, "quota");
+    let limit = cx
+        .positive(&format!("{qp}.limit"), q.limit.as_ref(), MAX_TOKENS)?
+        .ok_or_else(|| cx.invalid(&format!("{qp}.limit"), None, "is required"))?;
+    let period = match cx.text(&format!("{qp}.period"), q.period.as_ref())? {
+        Some("month") => CalendarPeriod::Month,
+        Some("day") => CalendarPeriod::Day,
+        Some(_) => {
+            return Err(cx.invalid(
+                &format!("{qp}.period"),
+                q.period.as_ref(),
+                "must be day or month",
+            ))
+        }
+        None => return Err(cx.invalid(&format!("{qp}.period"), None, "is required")),
+    };
+    Ok(Some(CalendarQuota {
+        limit: tokens_to_micros(limit),
+        period,
+    }))
+}
+
+/// The `lease` settings over their defaults (5 s TTL, a quarter of the capacity in whole
+/// tokens and at least one per grant, 500 ms drift).
+fn lease(
+    cx: &Ctx<'_>,
+    rl: &RawRateLimit,
+    path: &str,
+    limit: &RuleLimit,
+) -> Result<LeaseSettings, ConfigError> {
     let capacity = match limit {
         RuleLimit::Limited { params, .. } => params.capacity(),
         RuleLimit::Unlimited => 0,
-    };
-    let rpu = match limit {
-        RuleLimit::Limited {
-            requests_per_unit, ..
-        } => requests_per_unit,
-        RuleLimit::Unlimited => 0,
-    };
-    let quota = match &rl.quota {
-        None => None,
-        Some(q) => {
-            let qp = f("quota");
-            let limit = cx
-                .positive(&format!("{qp}.limit"), q.limit.as_ref(), MAX_TOKENS)?
-                .ok_or_else(|| cx.invalid(&format!("{qp}.limit"), None, "is required"))?;
-            let period = match cx.text(&format!("{qp}.period"), q.period.as_ref())? {
-                Some("month") => CalendarPeriod::Month,
-                Some("day") => CalendarPeriod::Day,
-                Some(_) => {
-                    return Err(cx.invalid(
-                        &format!("{qp}.period"),
-                        q.period.as_ref(),
-                        "must be day or month",
-                    ))
-                }
-                None => return Err(cx.invalid(&format!("{qp}.period"), None, "is required")),
-            };
-            Some(CalendarQuota {
-                limit: tokens_to_micros(limit),
-                period,
-            })
-        }
     };
     let mut lease = LeaseSettings {
         ttl_ms: 5_000,
         max_grant: (capacity / 4 / MICROS_PER_TOKEN * MICROS_PER_TOKEN).max(MICROS_PER_TOKEN),
         max_drift_ms: 500,
     };
-    if let Some(l) = &rl.lease {
-        let lp = f("lease");
-        if let Some(v) = cx.positive(&format!("{lp}.ttl_ms"), l.ttl_ms.as_ref(), 86_400_000)? {
-            lease.ttl_ms = v;
-        }
-        if let Some(v) =
-            cx.positive(&format!("{lp}.max_grant"), l.max_grant.as_ref(), MAX_TOKENS)?
-        {
-            lease.max_grant = tokens_to_micros(v);
-        }
-        match l.max_drift_ms.as_ref() {
-            Some(Scalar::Unsigned(v)) if *v <= 60_000 => lease.max_drift_ms = *v,
-            None => {}
-            other => {
-                return Err(cx.invalid(
-                    &format!("{lp}.max_drift_ms"),
-                    other,
-                    "must be a whole number of milliseconds from 0 to 60000",
-                ))
-            }
+    let Some(l) = &rl.lease else {
+        return Ok(lease);
+    };
+    let lp = field(path, "lease");
+    if let Some(v) = cx.positive(&format!("{lp}.ttl_ms"), l.ttl_ms.as_ref(), 86_400_000)? {
+        lease.ttl_ms = v;
+    }
+    if let Some(v) = cx.positive(&format!("{lp}.max_grant"), l.max_grant.as_ref(), MAX_TOKENS)? {
+        lease.max_grant = tokens_to_micros(v);
+    }
+    match l.max_drift_ms.as_ref() {
+        Some(Scalar::Unsigned(v)) if *v <= 60_000 => lease.max_drift_ms = *v,
+        None => {}
+        other => {
+            return Err(cx.invalid(
+                &format!("{lp}.max_drift_ms"),
+                other,
+                "must be a whole number of milliseconds from 0 to 60000",
+            ))
         }
     }
+    Ok(lease)
+}
+
+/// The `regions` list: each region once, its share as a percentage or a rate, the shares
+/// adding up to at most 100%.
+fn regions(
+    cx: &Ctx<'_>,
+    rl: &RawRateLimit,
+    path: &str,
+    limit: &RuleLimit,
+) -> Result<Vec<RegionShare>, ConfigError> {
+    let rpu = match *limit {
+        RuleLimit::Limited {
+            requests_per_unit, ..
+        } => requests_per_unit,
+        RuleLimit::Unlimited => 0,
+    };
     let mut regions: Vec<RegionShare> = Vec::new();
     let mut total_ppm: u64 = 0;
     for (i, r) in rl.regions.iter().flatten().enumerate() {
-        let rp = format!("{}[{i}]", f("regions"));
+        let rp = format!("{}[{i}]", field(path, "regions"));
         let region = cx
             .text(&format!("{rp}.region"), r.region.as_ref())?
             .ok_or_else(|| cx.invalid(&format!("{rp}.region"), None, "is required"))?;
@@ -412,38 +498,7 @@ fn rule(
                 "is listed twice",
             ));
         }
-        let share_ppm = match (&r.share, &r.rate) {
-            (Some(sh), None) => parse_percent(sh).ok_or_else(|| {
-                cx.invalid(
-                    &format!("{rp}.share"),
-                    Some(sh),
-                    "must be a percentage from 0% to 100%, e.g. \"50%\" or \"12.5%\"",
-                )
-            })?,
-            (None, Some(rate)) => {
-                if rpu == 0 {
-                    return Err(cx.invalid(
-                        &format!("{rp}.rate"),
-                        Some(rate),
-                        "needs a limited rate_limit",
-                    ));
-                }
-                let v = match rate {
-                    Scalar::Unsigned(v) if *v <= rpu => *v,
-                    _ => {
-                        return Err(cx.invalid(
-                            &format!("{rp}.rate"),
-                            Some(rate),
-                            format!("must be a whole number of requests per unit from 0 to {rpu}"),
-                        ))
-                    }
-                };
-                (u128::from(v) * u128::from(PPM) / u128::from(rpu)) as u32
-            }
-            _ => {
-                return Err(cx.invalid(&rp, None, "needs exactly one of share or rate"));
-            }
-        };
+        let share_ppm = region_share_ppm(cx, r, &rp, rpu)?;
         total_ppm += u64::from(share_ppm);
         if total_ppm > u64::from(PPM) {
             return Err(cx.invalid(
@@ -457,33 +512,55 @@ fn rule(
             share_ppm,
         });
     }
-    let shares_mode = match cx.text(&f("shares_mode"), rl.shares_mode.as_ref())? {
-        None | Some("weighted") => SharesMode::Weighted,
-        Some("cap") => SharesMode::Cap,
-        Some(_) => {
-            return Err(cx.invalid(
-                &f("shares_mode"),
-                rl.shares_mode.as_ref(),
-                "must be weighted or cap",
-            ))
+    Ok(regions)
+}
+
+/// One region's share in ppm: exactly one of `share` (a percentage) or `rate` (requests per
+/// unit, at most the rule's `rpu`, converted exactly and rounded down).
+fn region_share_ppm(cx: &Ctx<'_>, r: &RawRegion, rp: &str, rpu: u64) -> Result<u32, ConfigError> {
+    match (&r.share, &r.rate) {
+        (Some(sh), None) => parse_percent(sh).ok_or_else(|| {
+            cx.invalid(
+                &format!("{rp}.share"),
+                Some(sh),
+                "must be a percentage from 0% to 100%, e.g. \"50%\" or \"12.5%\"",
+            )
+        }),
+        (None, Some(rate)) => {
+            if rpu == 0 {
+                return Err(cx.invalid(
+                    &format!("{rp}.rate"),
+                    Some(rate),
+                    "needs a limited rate_limit",
+                ));
+            }
+            match rate {
+                // v ≤ rpu, so the share is at most PPM and fits in u32.
+                Scalar::Unsigned(v) if *v <= rpu => {
+                    Ok((u128::from(*v) * u128::from(PPM) / u128::from(rpu)) as u32)
+                }
+                _ => Err(cx.invalid(
+                    &format!("{rp}.rate"),
+                    Some(rate),
+                    format!("must be a whole number of requests per unit from 0 to {rpu}"),
+                )),
+            }
         }
-    };
-    Ok(Rule {
-        shares_mode,
-        max_in_flight,
-        fuse,
-        quota,
-        lease,
-        regions,
-        id: id.to_string(),
-        name: name.unwrap_or_else(|| id.to_string()),
-        limit,
-        shadow_mode: shadow,
-        scope,
-        failure_mode,
-        max_keys,
-        source: cx.file.to_path_buf(),
-    })
+        _ => Err(cx.invalid(rp, None, "needs exactly one of share or rate")),
+    }
+}
+
+/// `shares_mode`, default weighted.
+fn shares_mode(cx: &Ctx<'_>, rl: &RawRateLimit, path: &str) -> Result<SharesMode, ConfigError> {
+    match cx.text(&field(path, "shares_mode"), rl.shares_mode.as_ref())? {
+        None | Some("weighted") => Ok(SharesMode::Weighted),
+        Some("cap") => Ok(SharesMode::Cap),
+        Some(_) => Err(cx.invalid(
+            &field(path, "shares_mode"),
+            rl.shares_mode.as_ref(),
+            "must be weighted or cap",
+        )),
+    }
 }
 
 /// Parses `"50%"`, `"12.5%"` or `"0.0001%"` into parts per million, exactly (no floating point).
