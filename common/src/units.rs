@@ -50,6 +50,13 @@ pub fn nanos_to_millis_ceil(ns: Nanos) -> u64 {
     ns.div_ceil(NANOS_PER_MILLI)
 }
 
+/// Nanoseconds → whole milliseconds, rounded down (an instant as Unix ms: a deadline in ms is
+/// never later than the nanosecond one).
+#[inline]
+pub fn nanos_to_millis_floor(ns: Nanos) -> u64 {
+    ns / NANOS_PER_MILLI
+}
+
 /// Nanoseconds → whole seconds for an HTTP `Retry-After` (RFC 9110 §10.2.3): rounded up, at least 1.
 #[inline]
 pub fn nanos_to_retry_after_secs(ns: Nanos) -> u64 {
@@ -106,6 +113,14 @@ pub(crate) fn sat_u64(v: u128) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn millis_floor_rounds_down_at_the_extremes() {
+        assert_eq!(nanos_to_millis_floor(0), 0);
+        assert_eq!(nanos_to_millis_floor(999_999), 0);
+        assert_eq!(nanos_to_millis_floor(1_999_999), 1);
+        assert_eq!(nanos_to_millis_floor(u64::MAX), u64::MAX / NANOS_PER_MILLI);
+    }
 
     #[test]
     fn ppm_of_is_exact_and_saturates_at_the_extremes() {

@@ -17,7 +17,7 @@ use allot_common::descriptor::{
     Descriptor, Entry, Request, RequestError, MAX_COST_TOKENS, MAX_DESCRIPTORS, MAX_ENTRIES,
 };
 use allot_common::limiter::{Code, DescriptorStatus, Outcome, Reason, Snapshot};
-use allot_common::units::{millis_to_nanos, Nanos, NANOS_PER_MILLI};
+use allot_common::units::{millis_to_nanos, Nanos};
 use allot_common::RetryAfter;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -597,10 +597,8 @@ pub fn rule_limit(rule: &Rule) -> Option<(u64, allot_common::config::Unit, u64)>
     }
 }
 
-/// Nanoseconds → milliseconds rounded up.
-pub fn ms_ceil(ns: Nanos) -> u64 {
-    ns.div_ceil(NANOS_PER_MILLI)
-}
+/// Nanoseconds → milliseconds rounded up: the units conversion, under the name the API uses.
+pub use allot_common::units::nanos_to_millis_ceil as ms_ceil;
 
 /// The RateLimit response headers (draft-ietf-httpapi-ratelimit-headers) for a verdict, from
 /// its deciding descriptor: `RateLimit-Limit` (requests per unit), `RateLimit-Remaining` (whole

@@ -14,7 +14,7 @@ use super::key_rule::{FollowingBucket, KeyRule, LeaseSizing};
 use super::protocol::{KeyProtocol, Standing};
 use super::settings::LeaseSettings;
 use crate::metrics::WaitHistogram;
-use allot_common::algorithm::{LimitParams, Rate, RateAlgorithm, TokenBucket};
+use allot_common::algorithm::{LimitParams, RateAlgorithm, TokenBucket};
 use allot_common::clock::Clock;
 use allot_common::config::{FailureMode, Rule, RuleLimit, Scope};
 use allot_common::decision::{Decision, RetryAfter};
@@ -23,7 +23,7 @@ use allot_common::global::{GlobalDecision, GlobalKey, GlobalLimits};
 use allot_common::keyed::{Keyed, ShardedTable};
 use allot_common::limiter::Snapshot;
 use allot_common::name::NameIndex;
-use allot_common::units::{Micros, Nanos, MICROS_PER_TOKEN, NANOS_PER_MILLI};
+use allot_common::units::{ppm_of, Micros, Nanos, MICROS_PER_TOKEN};
 use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -621,7 +621,10 @@ impl LeaseBook {
             Standing::Ask if self.is_central(v) => {
                 // The waiting request asks the allocator itself (`Enforcer`): one `Decide` of
                 // its own cost. A request already denied elsewhere (a peek) asks nothing.
-                let wait = time_for(cost, rule.params).max(self.settings.retry_floor_ns());
+                let wait = rule
+                    .params
+                    .time_for(cost)
+                    .max(self.settings.retry_floor_ns());
                 denied(remaining, RetryAfter::After(wait), take)
             }
             Standing::Ask => {
@@ -629,7 +632,10 @@ impl LeaseBook {
                 self.counters.cold_misses.fetch_add(1, Ordering::Relaxed);
                 v.protocol.add_waiting(cost);
                 self.request_lease(kl, now);
-                let wait = time_for(cost, rule.params).max(self.settings.retry_floor_ns());
+                let wait = rule
+                    .params
+                    .time_for(cost)
+                    .max(self.settings.retry_floor_ns());
                 denied(remaining, RetryAfter::After(wait), true)
             }
         }
@@ -770,32 +776,11 @@ fn new_key(key: &GlobalKey<'_>, now: Nanos) -> KeyLease {
     }
 }
 
-/// Nanoseconds for the policy's rate to produce `cost` (a Retry-After when the allocator has
-/// not said better).
-fn time_for(cost: Micros, p: LimitParams) -> Nanos {
-    let rate = match p {
-        LimitParams::TokenBucket { rate, .. } | LimitParams::Gcra { rate, .. } => rate,
-        LimitParams::FixedWindow(w)
-        | LimitParams::SlidingWindow(w)
-        | LimitParams::SlidingLog(w) => Rate {
-            micros: w.limit,
-            per_ns: w.period_ns,
-        },
-    };
-    let per_micro = rate.micros.max(1);
-    // A 64-bit division is inlined where a 128-bit one is a library call; same quotient.
-    if let Some(units) = cost.checked_mul(rate.per_ns) {
-        return units.div_ceil(per_micro);
-    }
-    let ns = (u128::from(cost) * u128::from(rate.per_ns)).div_ceil(u128::from(per_micro));
-    u64::try_from(ns).unwrap_or(u64::MAX)
-}
-
 fn allowed(remaining: Micros, params: &LimitParams) -> Decision {
     Decision {
         allowed: true,
         remaining_micros: remaining,
-        reset_after: time_for(params.capacity().saturating_sub(remaining), *params),
+        reset_after: params.time_for(params.capacity().saturating_sub(remaining)),
         retry_after: RetryAfter::Now,
     }
 }
@@ -885,10 +870,8 @@ impl LeaseBook {
     }
 }
 
-/// Milliseconds → ns helper for settings.
-pub(crate) fn ms(v: u64) -> Nanos {
-    v.saturating_mul(NANOS_PER_MILLI)
-}
+/// Milliseconds → ns (saturating), under the short name the lease code uses.
+pub(crate) use allot_common::units::millis_to_nanos as ms;
 
 /// The emergency bucket's parameters: `ppm` of the policy's rate and capacity (at least one token
 /// of capacity), or `None` when the policy is not a bucket or the fraction is 0.
@@ -896,24 +879,9 @@ pub(crate) fn emergency_params(p: &LimitParams, ppm: u32) -> Option<TokenBucket>
     if ppm == 0 {
         return None;
     }
-    let (cap, rate) = match *p {
-        LimitParams::TokenBucket { capacity, rate } | LimitParams::Gcra { capacity, rate } => {
-            (capacity, rate)
-        }
-        LimitParams::FixedWindow(w)
-        | LimitParams::SlidingWindow(w)
-        | LimitParams::SlidingLog(w) => (
-            w.limit,
-            Rate {
-                micros: w.limit,
-                per_ns: w.period_ns,
-            },
-        ),
-    };
-    let s = |m: u64| (u128::from(m) * u128::from(ppm) / 1_000_000) as u64;
     Some(TokenBucket {
-        capacity: s(cap).max(MICROS_PER_TOKEN),
-        rate: rate.scaled(ppm)?,
+        capacity: ppm_of(p.capacity(), ppm).max(MICROS_PER_TOKEN),
+        rate: p.refill_rate().scaled(ppm)?,
     })
 }
 
@@ -931,27 +899,5 @@ mod tests {
         // Above 100 % the product leaves u64: saturate, never wrap.
         assert_eq!(percent_of(u64::MAX, 200), u64::MAX);
         assert_eq!(percent_of(u64::MAX / 2, u32::MAX), u64::MAX);
-    }
-
-    #[test]
-    fn time_for_is_exact_across_the_64_bit_boundary() {
-        let bucket = |micros, per_ns| LimitParams::TokenBucket {
-            capacity: u64::MAX,
-            rate: Rate { micros, per_ns },
-        };
-        // One token a second: a token takes exactly 1 s; at 3 microtokens per 10 ns one
-        // microtoken takes 3.33 ns, rounded up to 4.
-        assert_eq!(
-            time_for(1_000_000, bucket(1_000_000, 1_000_000_000)),
-            1_000_000_000
-        );
-        assert_eq!(time_for(1, bucket(3, 10)), 4);
-        // cost × per_ns beyond u64: the 128-bit path gives the same exact quotient.
-        assert_eq!(time_for(u64::MAX, bucket(u64::MAX, 2)), 2);
-        assert_eq!(time_for(u64::MAX, bucket(u64::MAX / 2, 1)), 3);
-        // A quotient beyond u64 saturates.
-        assert_eq!(time_for(u64::MAX, bucket(1, u64::MAX)), u64::MAX);
-        // A zero rate is treated as one microtoken per period, never a division by zero.
-        assert_eq!(time_for(5, bucket(0, 7)), 35);
     }
 }

@@ -13,7 +13,9 @@ use super::{
 use allot_common::algorithm::LimitParams;
 use allot_common::config::Rule;
 use allot_common::decision::RetryAfter;
-use allot_common::units::{millis_to_nanos, nanos_to_millis_ceil, MAX_TOKENS, MICROS_PER_TOKEN};
+use allot_common::units::{
+    millis_to_nanos, nanos_to_millis_ceil, nanos_to_millis_floor, MAX_TOKENS, MICROS_PER_TOKEN,
+};
 
 impl Ledger {
     pub(super) fn acquire(&mut self, a: &Acquire, now: u64) -> Response {
@@ -250,7 +252,7 @@ fn window_left_ms(params: &LimitParams, now_ns: u64) -> Option<u64> {
     };
     let period = w.period_ns.max(1);
     let end_ns = (now_ns - now_ns % period).saturating_add(period);
-    Some(end_ns / 1_000_000 - now_ns / 1_000_000)
+    Some(nanos_to_millis_floor(end_ns) - nanos_to_millis_floor(now_ns))
 }
 
 /// Whether a key holds nothing that evicting it would lose: no live allocation, full buckets,

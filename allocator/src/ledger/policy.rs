@@ -4,7 +4,7 @@ use super::{
     Ledger, LedgerError, PolicyDoc, PolicyKey, PolicyShares, RegionShareState, Response, Share,
     ShareSpec,
 };
-use allot_common::algorithm::{AlgorithmKind, LimitParams, WindowParams};
+use allot_common::algorithm::AlgorithmKind;
 use allot_common::config::{ConfigSet, DomainConfig, Rule, RuleLimit, Scope, PPM};
 use allot_common::descriptor::{encode_key, Descriptor, Entry, Request};
 use std::path::Path;
@@ -35,38 +35,6 @@ pub(super) fn parse(yaml: &str) -> Result<DomainConfig, String> {
         }
     }
     Ok(d)
-}
-
-/// Parameters of a region's bucket: the policy's limit scaled by `ppm`; `None` at 0 ppm.
-/// Exact: capacities and limits are whole tokens × 10⁶, so × ppm / 10⁶ loses nothing, and rates
-/// are scaled as exact ratios.
-pub(super) fn scaled(params: &LimitParams, ppm: u32) -> Option<LimitParams> {
-    if ppm == 0 {
-        return None;
-    }
-    let s = |m: u64| (u128::from(m) * u128::from(ppm) / u128::from(PPM)) as u64;
-    Some(match *params {
-        LimitParams::TokenBucket { capacity, rate } => LimitParams::TokenBucket {
-            capacity: s(capacity),
-            rate: rate.scaled(ppm)?,
-        },
-        LimitParams::Gcra { capacity, rate } => LimitParams::Gcra {
-            capacity: s(capacity),
-            rate: rate.scaled(ppm)?,
-        },
-        LimitParams::FixedWindow(w) => LimitParams::FixedWindow(WindowParams {
-            limit: s(w.limit),
-            period_ns: w.period_ns,
-        }),
-        LimitParams::SlidingWindow(w) => LimitParams::SlidingWindow(WindowParams {
-            limit: s(w.limit),
-            period_ns: w.period_ns,
-        }),
-        LimitParams::SlidingLog(w) => LimitParams::SlidingLog(WindowParams {
-            limit: s(w.limit),
-            period_ns: w.period_ns,
-        }),
-    })
 }
 
 impl Ledger {

@@ -6,7 +6,6 @@
 
 use super::calendar::period_bounds;
 use super::division::Demand;
-use super::policy::scaled;
 use super::{Bucket, KeyId, KeyState, Ledger, LedgerError, PolicyKey};
 use allot_common::algorithm::LimitParams;
 use allot_common::config::{Rule, RuleLimit, Scope};
@@ -167,7 +166,7 @@ impl Ledger {
         let shares_version = ks.parts.version;
         retune(&mut ks.global, params, activated_ns);
         let part = ks.regions.entry(region.to_string()).or_default();
-        match (ppm.map(|p| scaled(&params, p)), &mut part.bucket) {
+        match (ppm.map(|p| params.scaled(p)), &mut part.bucket) {
             (Some(Some(rp)), Some(b)) => retune(b, rp, now_ns),
             (Some(Some(rp)), slot @ None) => {
                 *slot = Some(Bucket {
