@@ -7,6 +7,7 @@ use super::{
 use allot_common::algorithm::AlgorithmKind;
 use allot_common::config::{ConfigSet, DomainConfig, Rule, RuleLimit, Scope, PPM};
 use allot_common::descriptor::{encode_key, Descriptor, Entry, Request};
+use allot_common::units::MICROS_PER_TOKEN;
 use std::path::Path;
 
 /// A policy key matched to its rule: the rule, the key id (rule id, canonical key) and the
@@ -62,6 +63,13 @@ impl Ledger {
                     "limit name {:?} is already used by another domain",
                     r.name
                 )));
+            }
+        }
+        for r in &d.rules {
+            for sh in &r.regions {
+                if let Err(e) = check_grantable(r, &sh.region, sh.share_ppm) {
+                    return Response::Rejected(e);
+                }
             }
         }
         let version = current + 1;
@@ -183,6 +191,7 @@ impl Ledger {
                     s.region
                 ))
             })?;
+            check_grantable(rule, &s.region, ppm)?;
             total += u64::from(ppm);
         }
         if let Some(ps) = current {
@@ -305,6 +314,38 @@ impl Ledger {
 }
 
 /// A share in parts per million; `None` when out of range.
+/// Refuses a non-zero region share whose part of the limit's capacity is below one whole token
+/// (issue 10 item 10): agents spend whole tokens, so such a region could never be granted
+/// anything, and its holders would ask again every millisecond for as long as they had traffic.
+/// A share of 0 (nothing for the region) is always accepted.
+///
+/// # Errors
+/// [`LedgerError::InvalidArgument`] naming the region, its share and the smallest share that
+/// holds one token.
+fn check_grantable(rule: &Rule, region: &str, ppm: u32) -> Result<(), LedgerError> {
+    let RuleLimit::Limited { params, .. } = rule.limit else {
+        return Ok(());
+    };
+    let capacity = params.capacity();
+    let part = u128::from(capacity) * u128::from(ppm) / u128::from(PPM);
+    if ppm == 0 || part >= u128::from(MICROS_PER_TOKEN) {
+        return Ok(());
+    }
+    // The smallest share whose part holds one whole token, rounded up to a whole ppm.
+    let least =
+        (u128::from(MICROS_PER_TOKEN) * u128::from(PPM)).div_ceil(u128::from(capacity.max(1)));
+    Err(LedgerError::InvalidArgument(format!(
+        "share of {region:?} in {} is {}.{:04}% of a capacity of {} tokens, less than one whole token: \
+         use at least {}.{:04}% (or 0 for no share), or raise the burst",
+        rule.name,
+        ppm / 10_000,
+        ppm % 10_000,
+        capacity / MICROS_PER_TOKEN,
+        least / 10_000,
+        least % 10_000,
+    )))
+}
+
 fn to_ppm(s: Share, requests_per_unit: u64) -> Option<u32> {
     match s {
         Share::Ppm(p) if p <= PPM => Some(p),

@@ -1003,3 +1003,56 @@ fn calendar_keys_become_idle_when_their_period_ends() {
     granted(&acq(&mut l, "b", next_day, "3"));
     assert_eq!(l.key_count(), 1);
 }
+
+/// Issue 10 item 10: a region share below one whole token of capacity (5 % of burst 10) could
+/// never be granted anything; it is refused where it is set, and nothing changes.
+#[test]
+fn a_share_below_one_token_is_refused_where_it_is_set() {
+    let tiny = ACME.replace(
+        "      lease: {ttl_ms: 5000, max_grant: 20, max_drift_ms: 500}\n",
+        "      lease: {ttl_ms: 5000, max_grant: 20, max_drift_ms: 500}\n      regions:\n        - {region: eu-west, share: \"5%\"}\n        - {region: us-east, share: \"95%\"}\n",
+    )
+    .replace("burst: 40", "burst: 10");
+    let mut l = Ledger::default();
+    let r = l.apply_at(
+        &Command::PutPolicy {
+            yaml: tiny,
+            expected_version: 0,
+        },
+        T0,
+    );
+    let Response::Rejected(LedgerError::InvalidArgument(m)) = r else {
+        panic!("expected a refusal, got {r:?}");
+    };
+    assert!(
+        m.contains("eu-west") && m.contains("5.0000%") && m.contains("10.0000%"),
+        "{m}"
+    );
+    assert_eq!(l.policy_version("api"), 0, "nothing was installed");
+
+    // The same through `shares set` on an installed policy (burst 40: 2.5 % holds one token).
+    let mut l = ledger(&ACME.replace(
+        "      lease: {ttl_ms: 5000, max_grant: 20, max_drift_ms: 500}\n",
+        "      lease: {ttl_ms: 5000, max_grant: 20, max_drift_ms: 500}\n      regions:\n        - {region: eu-west, share: \"50%\"}\n        - {region: us-east, share: \"50%\"}\n",
+    ));
+    let before = l.snapshot();
+    let set = |ppm| Command::SetShares {
+        policy: "acme-search".into(),
+        shares: vec![ShareSpec {
+            region: "eu-west".into(),
+            share: Share::Ppm(ppm),
+        }],
+        config_version: 2,
+    };
+    let r = l.apply_at(&set(20_000), T0 + 1);
+    assert!(
+        matches!(&r, Response::Rejected(LedgerError::InvalidArgument(m)) if m.contains("2.5000%")),
+        "{r:?}"
+    );
+    assert_eq!(l.snapshot(), before, "a refused share changes nothing");
+    // Exactly one token, and 0, are accepted.
+    assert!(matches!(
+        l.apply_at(&set(25_000), T0 + 2),
+        Response::SharesSet { .. }
+    ));
+}
