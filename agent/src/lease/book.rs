@@ -570,6 +570,16 @@ impl LeaseBook {
         if take && v.protocol.take_credit(cost, now) {
             return self.admitted_centrally(kl, rule, cost, now, mode, fused);
         }
+        if take && now < v.protocol.denied_until() {
+            // The allocator has said it has no more for this key now: the emergency reserve
+            // of what it already granted is spendable like the rest. Those tokens are inside
+            // the grants (so inside the overshoot bound, design §6); holding them back while
+            // the allocator is reachable would only turn granted tokens into false rejections
+            // at the contract's edge.
+            if let Some(a) = allocs.iter().find(|a| a.try_spend_emergency(cost, now)) {
+                return self.admitted(kl, rule, &allocs, a, cost, now, mode, fused);
+            }
+        }
         if fused {
             // Not admitted after all: the fuse gets its token back.
             self.refund_fuse(v, cost);

@@ -282,6 +282,43 @@ fn overshoot_bound_is_granted_minus_reported_emergency_included() {
     assert!(book.counters.failure_denials.load(Ordering::Relaxed) > 0);
 }
 
+/// While the allocator denies a key (it has nothing more to grant now), the emergency reserve of
+/// what it already granted is spent like the rest: holding it back then only turns granted
+/// tokens into false rejections. Everything stays inside the grant and the bound.
+#[test]
+fn a_denied_key_spends_its_emergency_reserve_normally() {
+    let r = rig();
+    decide(&r, &[("fleet", "f1")], None);
+    let kl = key(&r, &[("fleet", "f1")], 2);
+    let f = Arc::new(
+        HeldAllocation::new(2, 1, 40 * T, r.clock_now() + 60_000 * MS, 0, 1).with_reserve(12 * T),
+    );
+    kl.value.protocol.install(f.clone());
+    let ok = |n: usize| {
+        (0..n)
+            .filter(|_| decide(&r, &[("fleet", "f1")], None).0 == Code::Ok)
+            .count()
+    };
+    let bound = r.enforcer.book().overshoot_bound();
+    // Reachable and not denied: the reserve is kept back.
+    kl.value.protocol.record_denial(0);
+    assert_eq!(
+        ok(40),
+        28,
+        "the reserve is not spent while the allocator may grant"
+    );
+    // The allocator denies the key for a while: the reserve is spendable, never beyond the grant.
+    kl.value.protocol.record_denial(r.clock_now() + 5_000 * MS);
+    assert_eq!(ok(20), 12);
+    assert_eq!(f.spent(), 40 * T, "exactly the grant");
+    assert_eq!(kl.value.emergency_admitted.load(Ordering::Relaxed), 0);
+    assert_eq!(
+        r.enforcer.book().overshoot_bound(),
+        bound,
+        "inside the grant"
+    );
+}
+
 #[test]
 fn refunds_return_unreported_spend_only() {
     let r = rig();
