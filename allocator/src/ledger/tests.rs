@@ -86,6 +86,21 @@ pub(super) fn acquire(
     )
 }
 
+/// One whole token for `tenant`, from holder "gw" in region "eu" (key-cap and idleness tests).
+fn acquire_one(l: &mut Ledger, tenant: &str, t: u64, id: &str) -> Response {
+    l.apply_at(
+        &Command::Acquire(Acquire {
+            key: key(tenant),
+            region: "eu".into(),
+            holder: "gw".into(),
+            want: T,
+            demand_per_s: 0,
+            request_id: id.into(),
+        }),
+        t,
+    )
+}
+
 pub(super) fn granted(r: &Response) -> Grant {
     match r {
         Response::Granted(g) => *g,
@@ -679,22 +694,9 @@ fn calendar_quota_limits_grants_and_resets_next_month() {
 fn idle_keys_are_evicted_at_the_cap_active_ones_are_not() {
     let yaml = "domain: api\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: second, requests_per_unit: 10, burst: 10, max_keys: 2}\n";
     let mut l = ledger(yaml);
-    let acq = |l: &mut Ledger, tenant: &str, t: u64, id: &str| {
-        l.apply_at(
-            &Command::Acquire(Acquire {
-                key: key(tenant),
-                region: "eu".into(),
-                holder: "gw".into(),
-                want: T,
-                demand_per_s: 0,
-                request_id: id.into(),
-            }),
-            t,
-        )
-    };
-    let a = granted(&acq(&mut l, "a", T0, "1"));
-    granted(&acq(&mut l, "b", T0, "2"));
-    let r = acq(&mut l, "c", T0, "3");
+    let a = granted(&acquire_one(&mut l, "a", T0, "1"));
+    granted(&acquire_one(&mut l, "b", T0, "2"));
+    let r = acquire_one(&mut l, "c", T0, "3");
     assert!(
         matches!(r, Response::Rejected(LedgerError::ResourceExhausted(_))),
         "{r:?}"
@@ -710,11 +712,11 @@ fn idle_keys_are_evicted_at_the_cap_active_ones_are_not() {
     );
     // "a" has no live allocation but its bucket is not full yet: still not idle.
     assert!(matches!(
-        acq(&mut l, "c", T0 + 10, "4"),
+        acquire_one(&mut l, "c", T0 + 10, "4"),
         Response::Rejected(LedgerError::ResourceExhausted(_))
     ));
     // After refill "a" is idle and makes room.
-    granted(&acq(&mut l, "c", T0 + 200, "5"));
+    granted(&acquire_one(&mut l, "c", T0 + 200, "5"));
     assert_eq!(l.key_count(), 2);
 }
 
@@ -978,29 +980,16 @@ fn fixed_window_grants_inside_the_drift_margin_are_not_made() {
 fn calendar_keys_become_idle_when_their_period_ends() {
     let yaml = "domain: api\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: second, requests_per_unit: 10, burst: 10, max_keys: 1, quota: {limit: 1000, period: day}}\n";
     let mut l = ledger(yaml);
-    let acq = |l: &mut Ledger, tenant: &str, t: u64, id: &str| {
-        l.apply_at(
-            &Command::Acquire(Acquire {
-                key: key(tenant),
-                region: "eu".into(),
-                holder: "gw".into(),
-                want: T,
-                demand_per_s: 0,
-                request_id: id.into(),
-            }),
-            t,
-        )
-    };
-    let a = granted(&acq(&mut l, "a", T0, "1"));
+    let a = granted(&acquire_one(&mut l, "a", T0, "1"));
     l.apply_at(&release_cmd(&a, "gw", T), T0 + 10);
     // Same day, bucket full again: "a" still holds this day's calendar usage.
     assert!(matches!(
-        acq(&mut l, "b", T0 + 5_000, "2"),
+        acquire_one(&mut l, "b", T0 + 5_000, "2"),
         Response::Rejected(LedgerError::ResourceExhausted(_))
     ));
     // The next day "a"'s usage limits nothing: it is idle and makes room.
     let next_day = (T0 / 86_400_000 + 1) * 86_400_000;
-    granted(&acq(&mut l, "b", next_day, "3"));
+    granted(&acquire_one(&mut l, "b", next_day, "3"));
     assert_eq!(l.key_count(), 1);
 }
 
