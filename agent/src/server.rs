@@ -78,6 +78,7 @@ pub struct LeaseFile {
     pub retry_floor_ms: Option<u64>,
     pub error_backoff_ms: Option<u64>,
     pub idle_evict_ms: Option<u64>,
+    pub idle_return_ms: Option<u64>,
     pub promote_tokens: Option<u64>,
     pub demote_tokens: Option<u64>,
 }
@@ -178,6 +179,7 @@ impl AgentFile {
         set(&mut s.retry_floor_ms, l.retry_floor_ms);
         set(&mut s.error_backoff_ms, l.error_backoff_ms);
         set(&mut s.idle_evict_ms, l.idle_evict_ms);
+        set(&mut s.idle_return_ms, l.idle_return_ms);
         set(&mut s.promote_tokens, l.promote_tokens);
         set(&mut s.demote_tokens, l.demote_tokens);
         if let Some(v) = l.low_watermark_pct {

@@ -15,6 +15,7 @@ use super::book::{ms, KeyLease, LeaseBook, LeaseEvent};
 use super::client::AllocatorLink;
 use super::close::close_all;
 use super::dispatch::{Answer, Dispatcher, MAX_BATCH_ITEMS};
+use super::settings::LeaseSettings;
 use allot_common::keyed::Keyed;
 use allot_common::units::{Micros, Nanos, MICROS_PER_TOKEN, NANOS_PER_SEC};
 use allot_proto::allot::v1 as pb;
@@ -191,12 +192,16 @@ impl LeaseManager {
     }
 
     /// Queues reports and releases for one key, drops allocations the allocator must have
-    /// expired, demotes a cooled key, and prefetches.
+    /// expired, returns what an idle key holds, demotes a cooled key, and prefetches.
     fn settle_key(&self, kl: &Arc<Keyed<KeyLease>>, now: Nanos) {
         let v = &kl.value;
         let dead_after = ms(self.book.settings().drift_margin_ms).saturating_mul(4);
+        let idle = idle_for_return(self.book.settings(), v, now);
         for a in v.allocations().iter() {
-            let finished = a.is_expired(now) || a.spent() >= a.granted;
+            // An idle key's allocations are released early (issue 9 item 6): closed when the
+            // Release is composed, so what they did not spend is grantable elsewhere now
+            // rather than at expiry.
+            let finished = a.is_expired(now) || a.spent() >= a.granted || a.is_closed() || idle;
             if finished && now >= a.deadline.saturating_add(dead_after) {
                 // Never released (unreachable allocator): it has expired there by now.
                 v.protocol.remove(a.id);
@@ -379,6 +384,13 @@ fn measure(v: &KeyLease, elapsed: Nanos) {
         v.demand_per_s
             .store(u64::try_from(per_s).unwrap_or(u64::MAX), Ordering::Relaxed);
     }
+}
+
+/// Whether key `v` decided nothing for `idle_return_ms` (0: never idle), so its allocations go
+/// back to the allocator early (issue 9 item 6).
+fn idle_for_return(s: &LeaseSettings, v: &KeyLease, now: Nanos) -> bool {
+    s.idle_return_ms > 0
+        && now.saturating_sub(v.last_used.load(Ordering::Relaxed)) >= ms(s.idle_return_ms)
 }
 
 /// Prefetch when what is left will not last until the next pass, or when every allocation

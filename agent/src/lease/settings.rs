@@ -34,6 +34,11 @@ pub struct LeaseSettings {
     pub error_backoff_ms: u64,
     /// A key with no allocation unused this long is forgotten, ms (default 60 000).
     pub idle_evict_ms: u64,
+    /// A leased key that decided nothing for this long returns what it holds early: its
+    /// allocations are closed and released with their final spend, so the unspent tokens are
+    /// grantable elsewhere before the leases expire (issue 9 item 6), ms (default 1 000; 0:
+    /// never, allocations are then released only when spent or past their deadline).
+    pub idle_return_ms: u64,
     /// A central key is promoted to leases when it admits this many tokens within one lease
     /// period at this agent (default 4; 0: every key is leased from first sight). See
     /// [`demand`](super::demand).
@@ -61,6 +66,7 @@ impl LeaseSettings {
             retry_floor_ms: 100,
             error_backoff_ms: 500,
             idle_evict_ms: 60_000,
+            idle_return_ms: 1_000,
             promote_tokens: 4,
             demote_tokens: 2,
             backoff_seed: 0,

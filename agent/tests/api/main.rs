@@ -8,6 +8,7 @@ mod support;
 mod batching;
 mod demand;
 mod http;
+mod idle_return;
 mod leased;
 mod native;
 mod real_allocator;
