@@ -18,17 +18,19 @@
 //! RESOURCE_EXHAUSTED with a reason (no details) and changes nothing.
 
 mod deadline;
+mod errors;
 mod items;
 
 pub use deadline::{deadline_of, parse_grpc_timeout};
-pub use items::error_detail;
+pub use errors::ledger_error;
 
 use crate::ledger::{self, Command, Ledger, LedgerError, Response as LResp};
 use crate::raft::{ClientError, Clock, CommitError, GroupCommit, Node};
 use allot_proto::allot::v1 as pb;
 use allot_proto::allot::v1::allocator_client::AllocatorClient;
 use allot_proto::allot::v1::allocator_server::{Allocator, AllocatorServer};
-use items::{allocation_facts, detail, item_command, item_result};
+use errors::detail;
+use items::{item_command, item_result};
 use parking_lot::Mutex;
 use prost::Message;
 use std::collections::{BTreeMap, HashMap};
@@ -182,7 +184,7 @@ impl AllocatorService {
                 body.items.len()
             )));
         }
-        let parsed: Vec<Result<Command, pb::ErrorDetail>> =
+        let parsed: Vec<Result<Command, LedgerError>> =
             body.items.iter().cloned().map(item_command).collect();
         let cmds: Vec<Command> = parsed.iter().filter_map(|p| p.clone().ok()).collect();
         let responses = match self.commit(cmds, deadline).await {
@@ -212,7 +214,7 @@ impl AllocatorService {
     /// parse error; the others get their committed response, or the commit's refusal.
     fn merge(
         &self,
-        parsed: Vec<Result<Command, pb::ErrorDetail>>,
+        parsed: Vec<Result<Command, LedgerError>>,
         responses: Result<Vec<LResp>, pb::ErrorDetail>,
     ) -> Vec<pb::BatchResult> {
         use pb::batch_result::Outcome;
@@ -223,12 +225,10 @@ impl AllocatorService {
         parsed
             .into_iter()
             .map(|p| match (p, &mut responses) {
-                (Err(d), _) => error(d),
+                (Err(e), _) => error(ledger_error(&e).1),
                 (Ok(_), Err(d)) => error(d.clone()),
                 (Ok(cmd), Ok(rs)) => match rs.next() {
-                    Some(r) => item_result(&cmd, r, |id| {
-                        self.node.state().read(|l| allocation_facts(l, id))
-                    }),
+                    Some(r) => item_result(&cmd, r),
                     None => error(detail(
                         pb::ErrorReason::Unspecified,
                         "the batch entry answered fewer items than it carried",
@@ -292,13 +292,10 @@ fn commit_status(e: CommitError) -> Status {
     }
 }
 
+/// The status of a unary call the ledger refused: the code of [`ledger_error`].
 fn ledger_status(e: LedgerError) -> Status {
-    match e {
-        LedgerError::InvalidArgument(m) => Status::invalid_argument(m),
-        LedgerError::NotFound(m) => Status::not_found(m),
-        LedgerError::FailedPrecondition(m) => Status::failed_precondition(m),
-        LedgerError::ResourceExhausted(m) => Status::resource_exhausted(m),
-    }
+    let (code, d) = ledger_error(&e);
+    Status::new(code, d.message)
 }
 
 fn unexpected(r: LResp) -> Status {

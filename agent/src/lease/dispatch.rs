@@ -202,6 +202,7 @@ fn classify_detail(e: &pb::ErrorDetail) -> Answer {
         | R::UnknownPolicy
         | R::VersionMismatch
         | R::KeyCapReached
+        | R::NeverGrantable
         | R::ScopeLocal => Answer::Refused(e.message.clone()),
     }
 }

@@ -151,9 +151,9 @@ async fn install_all(node: &Node<Ledger>, files: &[PolicyFile]) -> bool {
             Ok(Response::PolicyPut { domain, version }) => {
                 tracing::info!(%domain, version, file = %f.path.display(), "policy installed");
             }
-            Ok(Response::Rejected(LedgerError::FailedPrecondition(m))) => {
+            Ok(Response::Rejected(e @ LedgerError::PolicyVersionMismatch { .. })) => {
                 // Another writer changed the version in between: compare again.
-                tracing::info!(file = %f.path.display(), reason = %m, "policy install raced");
+                tracing::info!(file = %f.path.display(), reason = %e, "policy install raced");
                 return false;
             }
             Ok(other) => {

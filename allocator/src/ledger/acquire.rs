@@ -8,7 +8,7 @@ use super::fair_share::fair_part;
 use super::sources::{available, check_id, debit, wait_for, OverCapacity};
 use super::{
     Acquire, Allocation, AllocationState, Charged, Denial, Grant, KeyState, Ledger, LedgerError,
-    RegionKeyState, Response,
+    RegionKeyState, Response, Table,
 };
 use allot_common::algorithm::LimitParams;
 use allot_common::config::Rule;
@@ -37,11 +37,14 @@ impl Ledger {
         check_id("holder", &a.holder)?;
         check_id("request_id", &a.request_id)?;
         if a.want == 0 || a.want > MAX_TOKENS * MICROS_PER_TOKEN {
-            return Err(LedgerError::InvalidArgument(format!(
-                "want must be from 1 to {} microtokens, got {}",
-                MAX_TOKENS * MICROS_PER_TOKEN,
-                a.want
-            )));
+            return Err(LedgerError::BadInput {
+                field: "want".into(),
+                reason: format!(
+                    "must be from 1 to {} microtokens, got {}",
+                    MAX_TOKENS * MICROS_PER_TOKEN,
+                    a.want
+                ),
+            });
         }
         let demand = Demand {
             holder: &a.holder,
@@ -223,10 +226,12 @@ impl Ledger {
             .map(|(k, _)| k.clone())
             .collect();
         if idle.is_empty() {
-            return Err(LedgerError::ResourceExhausted(format!(
-                "limit {} holds state for {} keys, none idle",
-                rule.name, rule.max_keys
-            )));
+            return Err(LedgerError::TableFull {
+                table: Table::PolicyKeys {
+                    policy: rule.name.clone(),
+                },
+                cap: rule.max_keys,
+            });
         }
         for k in idle {
             self.keys.remove(&k);

@@ -39,10 +39,10 @@ impl Ledger {
         check_id("request_id", &d.request_id)?;
         let max_cost = MAX_TOKENS * MICROS_PER_TOKEN;
         if d.cost == 0 || d.cost > max_cost {
-            return Err(LedgerError::InvalidArgument(format!(
-                "cost must be from 1 to {max_cost} microtokens, got {}",
-                d.cost
-            )));
+            return Err(LedgerError::BadInput {
+                field: "cost".into(),
+                reason: format!("must be from 1 to {max_cost} microtokens, got {}", d.cost),
+            });
         }
         // A decision is demand too: its cost, as if wanted over one lease.
         let demand = Demand {

@@ -26,6 +26,7 @@ mod acquire;
 mod calendar;
 mod decide;
 mod division;
+mod error;
 mod fair_share;
 mod handoff;
 mod invariants;
@@ -35,16 +36,16 @@ mod sources;
 mod types;
 
 pub use calendar::period_bounds;
+pub use error::{Ended, LedgerError, Table};
 pub use fair_share::{fair_part, one_token_ppm, region_parts, RegionClaim};
 pub use handoff::HYSTERESIS_PPM;
 pub use invariants::InvariantError;
 pub use sources::MAX_ID_BYTES;
 pub use types::{
-    Acquire, Command, Decide, Decided, Denial, Grant, KeyStatus, LedgerError, PolicyKey,
-    RegionStatus, Response, Share, ShareSpec,
+    Acquire, Command, Decide, Decided, Denial, Grant, KeyStatus, PolicyKey, RegionStatus, Response,
+    Share, ShareSpec,
 };
 
-use crate::raft::{App, AppError, Batching};
 use allot_common::algorithm::{AlgorithmKind, LimitParams, LimitState};
 use allot_common::config::DomainConfig;
 use allot_common::units::{millis_to_nanos, Micros};
@@ -251,9 +252,10 @@ impl Ledger {
                 items
                     .iter()
                     .map(|c| match c {
-                        Command::Batch(_) => Response::Rejected(LedgerError::InvalidArgument(
-                            "a batch cannot contain a batch".into(),
-                        )),
+                        Command::Batch(_) => Response::Rejected(LedgerError::BadInput {
+                            field: "batch".into(),
+                            reason: "a batch cannot contain a batch".into(),
+                        }),
                         c => self.apply_at(c, now),
                     })
                     .collect(),
@@ -306,12 +308,13 @@ impl Ledger {
     /// Status of one policy key as of `now_ms` (read-only: nothing is expired or refilled).
     ///
     /// # Errors
-    /// [`LedgerError::NotFound`] for an unknown domain, a descriptor no rule matches, or a key
-    /// that has not acquired yet; [`LedgerError::InvalidArgument`] for a malformed key.
+    /// [`LedgerError::UnknownDomain`], [`LedgerError::NoMatchingLimit`] or
+    /// [`LedgerError::NoKeyState`] for a key with nothing to show; [`LedgerError::BadInput`] for a
+    /// malformed key.
     pub fn status(&self, key: &PolicyKey, now_ms: u64) -> Result<KeyStatus, LedgerError> {
         let (rule, kid, doc_version) = self.resolve(key)?;
-        let ks = self.keys.get(&kid).ok_or_else(|| {
-            LedgerError::NotFound(format!("policy key of {} has no state yet", rule.name))
+        let ks = self.keys.get(&kid).ok_or_else(|| LedgerError::NoKeyState {
+            policy: rule.name.clone(),
         })?;
         let now_ns = millis_to_nanos(now_ms.max(self.last_ms));
         let mut g = ks.global.state.clone();
@@ -367,6 +370,24 @@ impl Ledger {
     /// Number of allocation records held (live and ended but not yet forgotten).
     pub fn allocation_count(&self) -> usize {
         self.allocations.len()
+    }
+
+    /// Rebuilds the state derived from the stored state and not serialised (the parsed policy
+    /// documents), after a ledger was decoded from a snapshot.
+    ///
+    /// # Errors
+    /// [`LedgerError::BadInput`] (field `yaml`) naming the domain whose stored document no
+    /// longer validates; the ledger must then not be used.
+    pub fn rebuild_derived(&mut self) -> Result<(), LedgerError> {
+        self.parsed.clear();
+        for (domain, doc) in &self.docs {
+            let d = policy::parse(&doc.yaml).map_err(|e| LedgerError::BadInput {
+                field: "yaml".into(),
+                reason: format!("stored policy of domain {domain:?}: {e}"),
+            })?;
+            self.parsed.insert(domain.clone(), d);
+        }
+        Ok(())
     }
 
     /// Expires every allocation dead at `now`: its unreported tokens stay spent (stranded).
@@ -447,9 +468,11 @@ impl Ledger {
         if is_kind(r) {
             return Some(r.clone());
         }
-        Some(Response::Rejected(LedgerError::InvalidArgument(format!(
-            "request_id {request_id:?} of holder {holder:?} was used by another kind of request than {kind}"
-        ))))
+        Some(Response::Rejected(LedgerError::RequestIdReused {
+            holder: holder.to_string(),
+            request_id: request_id.to_string(),
+            kind: kind.to_string(),
+        }))
     }
 
     fn remember(&mut self, holder: &str, request_id: &str, now: u64, r: &Response) {
@@ -457,46 +480,6 @@ impl Ledger {
         self.requests.insert(k, (now, r.clone()));
         self.request_times
             .insert((now, holder.to_string(), request_id.to_string()));
-    }
-}
-
-impl App for Ledger {
-    type Command = Command;
-    type Response = Response;
-
-    fn apply(&mut self, cmd: &Command, stamped_now_ms: u64) -> Response {
-        self.apply_at(cmd, stamped_now_ms)
-    }
-
-    fn snapshot(&self) -> Vec<u8> {
-        // Serialising plain data into a Vec cannot fail; an empty snapshot would be refused by
-        // `restore` rather than silently installed.
-        bincode::serde::encode_to_vec(self, bincode::config::standard()).unwrap_or_default()
-    }
-
-    fn restore(bytes: &[u8]) -> Result<Self, AppError> {
-        let (mut l, _): (Ledger, usize) =
-            bincode::serde::decode_from_slice(bytes, bincode::config::standard())
-                .map_err(|e| AppError::CorruptSnapshot(e.to_string()))?;
-        for (domain, doc) in &l.docs {
-            let d = policy::parse(&doc.yaml)
-                .map_err(|e| AppError::CorruptSnapshot(format!("policy {domain}: {e}")))?;
-            l.parsed.insert(domain.clone(), d);
-        }
-        Ok(l)
-    }
-}
-
-impl Batching for Ledger {
-    fn batch(cmds: Vec<Command>) -> Command {
-        Command::Batch(cmds)
-    }
-
-    fn unbatch(r: Response) -> Option<Vec<Response>> {
-        match r {
-            Response::Batch(all) => Some(all),
-            _ => None,
-        }
     }
 }
 

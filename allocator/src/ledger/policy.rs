@@ -42,14 +42,20 @@ impl Ledger {
     pub(super) fn put_policy(&mut self, yaml: &str, expected: u64, now: u64) -> Response {
         let d = match parse(yaml) {
             Ok(d) => d,
-            Err(e) => return Response::Rejected(LedgerError::InvalidArgument(e)),
+            Err(reason) => {
+                return Response::Rejected(LedgerError::BadInput {
+                    field: "yaml".into(),
+                    reason,
+                })
+            }
         };
         let current = self.policy_version(&d.domain);
         if current != expected {
-            return Response::Rejected(LedgerError::FailedPrecondition(format!(
-                "domain {:?} is at version {current}, not {expected}",
-                d.domain
-            )));
+            return Response::Rejected(LedgerError::PolicyVersionMismatch {
+                domain: d.domain,
+                expected,
+                actual: current,
+            });
         }
         for r in &d.rules {
             let clash = self
@@ -59,10 +65,9 @@ impl Ledger {
                 .flat_map(|(_, other)| other.rules.iter())
                 .any(|o| o.name == r.name);
             if clash {
-                return Response::Rejected(LedgerError::InvalidArgument(format!(
-                    "limit name {:?} is already used by another domain",
-                    r.name
-                )));
+                return Response::Rejected(LedgerError::LimitNameTaken {
+                    name: r.name.clone(),
+                });
             }
         }
         for r in &d.rules {
@@ -140,15 +145,17 @@ impl Ledger {
         now: u64,
     ) -> Response {
         let Some(rule) = self.rule_named(policy).cloned() else {
-            return Response::Rejected(LedgerError::NotFound(format!(
-                "no policy named {policy:?}"
-            )));
+            return Response::Rejected(LedgerError::UnknownPolicy {
+                policy: policy.to_string(),
+            });
         };
         let current = self.shares.get(&rule.id).map_or(0, |s| s.config_version);
         if version <= current {
-            return Response::Rejected(LedgerError::FailedPrecondition(format!(
-                "share version {version} is not greater than the current {current}"
-            )));
+            return Response::Rejected(LedgerError::SharesVersionNotNewer {
+                policy: rule.name,
+                current,
+                got: version,
+            });
         }
         if let Err(e) = self.check_shares(&rule, shares) {
             return Response::Rejected(e);
@@ -165,31 +172,32 @@ impl Ledger {
             requests_per_unit, ..
         } = rule.limit
         else {
-            return Err(LedgerError::InvalidArgument(format!(
-                "policy {} is unlimited: it has no quota to share",
-                rule.name
-            )));
+            return Err(LedgerError::Unlimited {
+                policy: rule.name.clone(),
+            });
         };
         let mut total: u64 = 0;
         let mut seen = std::collections::BTreeSet::new();
         let current = self.shares.get(&rule.id);
         for s in shares {
             if s.region.is_empty() || s.region.len() > 256 {
-                return Err(LedgerError::InvalidArgument(
-                    "region name must be 1 to 256 bytes".into(),
-                ));
+                return Err(LedgerError::BadInput {
+                    field: "region".into(),
+                    reason: "a region name must be 1 to 256 bytes".into(),
+                });
             }
             if !seen.insert(s.region.as_str()) {
-                return Err(LedgerError::InvalidArgument(format!(
-                    "region {:?} is listed twice",
-                    s.region
-                )));
+                return Err(LedgerError::BadInput {
+                    field: "shares".into(),
+                    reason: format!("region {:?} is listed twice", s.region),
+                });
             }
-            let ppm = to_ppm(s.share, requests_per_unit).ok_or_else(|| {
-                LedgerError::InvalidArgument(format!(
+            let ppm = to_ppm(s.share, requests_per_unit).ok_or_else(|| LedgerError::BadInput {
+                field: "shares".into(),
+                reason: format!(
                     "share of {:?} is out of range (at most 100% or {requests_per_unit} per unit)",
                     s.region
-                ))
+                ),
             })?;
             check_grantable(rule, &s.region, ppm)?;
             total += u64::from(ppm);
@@ -203,12 +211,10 @@ impl Ledger {
                 .sum::<u64>();
         }
         if total > u64::from(PPM) {
-            return Err(LedgerError::InvalidArgument(format!(
-                "region shares of {} would add up to {}.{:04}%, more than 100%",
-                rule.name,
-                total / 10_000,
-                total % 10_000
-            )));
+            return Err(LedgerError::SharesOverfull {
+                policy: rule.name.clone(),
+                total_ppm: total,
+            });
         }
         Ok(())
     }
@@ -250,7 +256,7 @@ impl Ledger {
     /// region draws from the global bucket only).
     ///
     /// # Errors
-    /// [`LedgerError::NotFound`] when the rule has shares and `region` is not among them.
+    /// [`LedgerError::UnknownRegion`] when the rule has shares and `region` is not among them.
     pub(super) fn region_share(
         &self,
         rule_id: &str,
@@ -265,8 +271,9 @@ impl Ledger {
         ps.regions
             .get(region)
             .map(|r| Some(r.target_ppm))
-            .ok_or_else(|| {
-                LedgerError::NotFound(format!("region {region:?} has no share of this policy"))
+            .ok_or_else(|| LedgerError::UnknownRegion {
+                policy: rule_id.to_string(),
+                region: region.to_string(),
             })
     }
 
@@ -287,17 +294,20 @@ impl Ledger {
             hits_addend: None,
         }
         .validate()
-        .map_err(|e| LedgerError::InvalidArgument(e.to_string()))?;
-        let d = self.parsed.get(&key.domain).ok_or_else(|| {
-            LedgerError::NotFound(format!("no policy for domain {:?}", key.domain))
+        .map_err(|e| LedgerError::BadInput {
+            field: "key".into(),
+            reason: e.to_string(),
         })?;
+        let d = self
+            .parsed
+            .get(&key.domain)
+            .ok_or_else(|| LedgerError::UnknownDomain {
+                domain: key.domain.clone(),
+            })?;
         let ri = d
             .match_rule(entries.iter().map(|e| (e.key, e.value)))
-            .ok_or_else(|| {
-                LedgerError::NotFound(format!(
-                    "no limit of domain {:?} matches this descriptor",
-                    key.domain
-                ))
+            .ok_or_else(|| LedgerError::NoMatchingLimit {
+                domain: key.domain.clone(),
             })?;
         let rule = &d.rules[ri];
         Ok((
@@ -320,7 +330,7 @@ impl Ledger {
 /// A share of 0 (nothing for the region) is always accepted.
 ///
 /// # Errors
-/// [`LedgerError::InvalidArgument`] naming the region, its share and the smallest share that
+/// [`LedgerError::NeverGrantable`] naming the region, its share and the smallest share that
 /// holds one token.
 fn check_grantable(rule: &Rule, region: &str, ppm: u32) -> Result<(), LedgerError> {
     let RuleLimit::Limited { params, .. } = rule.limit else {
@@ -334,16 +344,13 @@ fn check_grantable(rule: &Rule, region: &str, ppm: u32) -> Result<(), LedgerErro
     // The smallest share whose part holds one whole token, rounded up to a whole ppm.
     let least =
         (u128::from(MICROS_PER_TOKEN) * u128::from(PPM)).div_ceil(u128::from(capacity.max(1)));
-    Err(LedgerError::InvalidArgument(format!(
-        "share of {region:?} in {} is {}.{:04}% of a capacity of {} tokens, less than one whole token: \
-         use at least {}.{:04}% (or 0 for no share), or raise the burst",
-        rule.name,
-        ppm / 10_000,
-        ppm % 10_000,
-        capacity / MICROS_PER_TOKEN,
-        least / 10_000,
-        least % 10_000,
-    )))
+    Err(LedgerError::NeverGrantable {
+        policy: rule.name.clone(),
+        region: region.to_string(),
+        share_ppm: ppm,
+        least_ppm: u64::try_from(least).unwrap_or(u64::MAX),
+        capacity_tokens: capacity / MICROS_PER_TOKEN,
+    })
 }
 
 fn to_ppm(s: Share, requests_per_unit: u64) -> Option<u32> {

@@ -3,7 +3,7 @@
 //! at release, when the final spend is known, never above capacity, and only into what the
 //! grant was charged to.
 
-use super::{Allocation, AllocationState, Ledger, LedgerError, Response};
+use super::{Allocation, AllocationState, Ended, Ledger, LedgerError, Response};
 use allot_common::units::millis_to_nanos;
 
 impl Ledger {
@@ -13,22 +13,25 @@ impl Ledger {
     fn fenced(&self, id: u64, epoch: u64, holder: &str) -> Result<&Allocation, LedgerError> {
         let Some(a) = self.allocations.get(&id) else {
             if id >= 1 && id <= self.next_id {
-                return Err(LedgerError::FailedPrecondition(format!(
-                    "allocation {id} has ended (released or expired) and is forgotten"
-                )));
+                return Err(LedgerError::AllocationEnded {
+                    id,
+                    how: Ended::Forgotten,
+                });
             }
-            return Err(LedgerError::NotFound(format!("no allocation {id}")));
+            return Err(LedgerError::UnknownAllocation { id });
         };
         if a.epoch != epoch {
-            return Err(LedgerError::FailedPrecondition(format!(
-                "allocation {id} has epoch {}, not {epoch}: stale",
-                a.epoch
-            )));
+            return Err(LedgerError::StaleEpoch {
+                id,
+                have: a.epoch,
+                got: epoch,
+            });
         }
         if a.holder != holder {
-            return Err(LedgerError::FailedPrecondition(format!(
-                "allocation {id} is not held by {holder:?}"
-            )));
+            return Err(LedgerError::NotHolder {
+                id,
+                holder: holder.to_string(),
+            });
         }
         Ok(a)
     }
@@ -55,11 +58,8 @@ impl Ledger {
             Ok(a) => a.clone(),
             Err(e) => return Response::Rejected(e),
         };
-        if a.state != AllocationState::Live {
-            return Response::Rejected(LedgerError::FailedPrecondition(format!(
-                "allocation {id} is {}: no longer reportable",
-                state_name(a.state)
-            )));
+        if let Some(how) = ended(a.state) {
+            return Response::Rejected(LedgerError::AllocationEnded { id, how });
         }
         let recorded = self.clamp_spend(&a, spend);
         // clamp_spend keeps a.reported ≤ recorded ≤ granted, and reported_live ≤ granted_live
@@ -102,11 +102,17 @@ impl Ledger {
             {
                 return Response::Released { returned };
             }
-            other => {
-                return Response::Rejected(LedgerError::FailedPrecondition(format!(
-                    "allocation {id} is {}: no longer releasable",
-                    state_name(other)
-                )))
+            AllocationState::Released { .. } => {
+                return Response::Rejected(LedgerError::AllocationEnded {
+                    id,
+                    how: Ended::Released,
+                })
+            }
+            AllocationState::Expired => {
+                return Response::Rejected(LedgerError::AllocationEnded {
+                    id,
+                    how: Ended::Expired,
+                })
             }
         }
         let spent = self.clamp_spend(&a, final_spend);
@@ -165,10 +171,11 @@ impl Ledger {
     }
 }
 
-fn state_name(s: AllocationState) -> &'static str {
+/// How an allocation in state `s` ended; `None` while it is live.
+fn ended(s: AllocationState) -> Option<Ended> {
     match s {
-        AllocationState::Live => "live",
-        AllocationState::Released { .. } => "released",
-        AllocationState::Expired => "expired",
+        AllocationState::Live => None,
+        AllocationState::Released { .. } => Some(Ended::Released),
+        AllocationState::Expired => Some(Ended::Expired),
     }
 }

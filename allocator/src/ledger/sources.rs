@@ -18,10 +18,10 @@ pub const MAX_ID_BYTES: usize = 256;
 /// Refuses an empty id or one longer than [`MAX_ID_BYTES`].
 pub(super) fn check_id(what: &str, v: &str) -> Result<(), LedgerError> {
     if v.is_empty() || v.len() > MAX_ID_BYTES {
-        return Err(LedgerError::InvalidArgument(format!(
-            "{what} must be 1 to {MAX_ID_BYTES} bytes, got {}",
-            v.len()
-        )));
+        return Err(LedgerError::BadInput {
+            field: what.to_string(),
+            reason: format!("must be 1 to {MAX_ID_BYTES} bytes, got {}", v.len()),
+        });
     }
     Ok(())
 }
@@ -114,10 +114,11 @@ impl Ledger {
     /// are retuned to the policy in force and the region's part.
     ///
     /// # Errors
-    /// [`LedgerError::InvalidArgument`] for a malformed key or an unlimited limit,
-    /// [`LedgerError::NotFound`] for an unknown domain, rule or region,
-    /// [`LedgerError::FailedPrecondition`] for a limit with scope local,
-    /// [`LedgerError::ResourceExhausted`] when the key cap is reached with no idle key.
+    /// [`LedgerError::BadInput`] for a malformed key, [`LedgerError::Unlimited`] for an
+    /// unlimited limit, [`LedgerError::UnknownDomain`], [`LedgerError::NoMatchingLimit`] or
+    /// [`LedgerError::UnknownRegion`] for an unknown domain, rule or region,
+    /// [`LedgerError::ScopeLocal`] for a limit with scope local, [`LedgerError::TableFull`] when
+    /// the key cap is reached with no idle key.
     pub(super) fn prepare(
         &mut self,
         key: &PolicyKey,
@@ -128,16 +129,10 @@ impl Ledger {
         let (rule, kid, version) = self.resolve(key)?;
         let rule: Rule = rule.clone();
         let RuleLimit::Limited { params, .. } = rule.limit else {
-            return Err(LedgerError::InvalidArgument(format!(
-                "limit {} is unlimited: there is nothing to lease or decide",
-                rule.name
-            )));
+            return Err(LedgerError::Unlimited { policy: rule.name });
         };
         if rule.scope == Scope::Local {
-            return Err(LedgerError::FailedPrecondition(format!(
-                "limit {} has scope local: each agent enforces it alone",
-                rule.name
-            )));
+            return Err(LedgerError::ScopeLocal { policy: rule.name });
         }
         let share = self.region_share(&rule.id, region)?;
         let activated_ns = millis_to_nanos(self.activated_at(&key.domain));
@@ -190,11 +185,13 @@ impl Ledger {
     /// The state of a key that [`Ledger::prepare`] readied.
     ///
     /// # Errors
-    /// [`LedgerError::NotFound`] when the key has no state (never after `prepare`).
+    /// [`LedgerError::NoKeyState`] when the key has no state (never after `prepare`).
     pub(super) fn key_mut(&mut self, kid: &KeyId) -> Result<&mut KeyState, LedgerError> {
         self.keys
             .get_mut(kid)
-            .ok_or_else(|| LedgerError::NotFound("policy key has no state".to_string()))
+            .ok_or_else(|| LedgerError::NoKeyState {
+                policy: kid.0.clone(),
+            })
     }
 }
 

@@ -1,6 +1,23 @@
 //! Ledger unit tests: pure, deterministic, manual time (Unix ms passed to `apply_at`).
 
 use super::*;
+use crate::ledger::Ended;
+
+impl Ledger {
+    /// The state as bytes (bincode 2, as in a Raft snapshot), to compare states in tests.
+    pub(super) fn snapshot(&self) -> Vec<u8> {
+        bincode::serde::encode_to_vec(self, bincode::config::standard()).expect("encodes")
+    }
+
+    /// A ledger decoded from [`Self::snapshot`] bytes, its policies parsed again.
+    pub(super) fn restore(bytes: &[u8]) -> Result<Ledger, String> {
+        let (mut l, _): (Ledger, usize) =
+            bincode::serde::decode_from_slice(bytes, bincode::config::standard())
+                .map_err(|e| e.to_string())?;
+        l.rebuild_derived().map_err(|e| e.to_string())?;
+        Ok(l)
+    }
+}
 use allot_common::units::MICROS_PER_TOKEN as T;
 
 pub(super) const T0: u64 = 1_795_988_100_000; // 2026-11-29T21:35:00Z
@@ -180,7 +197,7 @@ fn reports_are_fenced_max_merged_and_clamped() {
     );
     assert!(matches!(
         stale,
-        Response::Rejected(LedgerError::FailedPrecondition(_))
+        Response::Rejected(LedgerError::StaleEpoch { .. })
     ));
     let unknown = l.apply_at(
         &Command::Report {
@@ -193,7 +210,7 @@ fn reports_are_fenced_max_merged_and_clamped() {
     );
     assert!(matches!(
         unknown,
-        Response::Rejected(LedgerError::NotFound(_))
+        Response::Rejected(LedgerError::UnknownAllocation { id: 999 })
     ));
     assert_eq!(l.snapshot(), {
         let mut c = Ledger::restore(&before).unwrap();
@@ -293,7 +310,10 @@ fn release_returns_unspent_tokens_never_above_capacity() {
     );
     assert!(matches!(
         other,
-        Response::Rejected(LedgerError::FailedPrecondition(_))
+        Response::Rejected(LedgerError::AllocationEnded {
+            how: Ended::Released,
+            ..
+        })
     ));
     // Releasing after a long idle never lifts the bucket above capacity.
     let g2 = granted(&acquire(&mut l, T0 + 200, "eu", "gw1", 20 * T, "r2"));
@@ -361,7 +381,10 @@ fn expired_allocations_strand_their_unreported_tokens() {
     );
     assert!(matches!(
         r,
-        Response::Rejected(LedgerError::FailedPrecondition(_))
+        Response::Rejected(LedgerError::AllocationEnded {
+            how: Ended::Expired,
+            ..
+        })
     ));
 }
 
@@ -490,7 +513,7 @@ fn versioned_handoff_moves_share_only_after_old_allocations_end() {
     );
     assert!(matches!(
         r,
-        Response::Rejected(LedgerError::FailedPrecondition(_))
+        Response::Rejected(LedgerError::SharesVersionNotNewer { .. })
     ));
     // ap-south releases with its final spend: the share moves.
     l.apply_at(
@@ -526,7 +549,7 @@ fn versioned_handoff_moves_share_only_after_old_allocations_end() {
         T0 + 1_001,
     );
     assert!(
-        matches!(r, Response::Rejected(LedgerError::InvalidArgument(_))),
+        matches!(r, Response::Rejected(LedgerError::SharesOverfull { .. })),
         "{r:?}"
     );
 }
@@ -615,8 +638,11 @@ fn sliding_algorithms_cannot_be_leased_globally() {
         T0,
     );
     match r {
-        Response::Rejected(LedgerError::InvalidArgument(m)) => assert!(
-            m.contains("logins") && m.contains("sliding_log") && m.contains("global"),
+        Response::Rejected(LedgerError::BadInput { field, reason: m }) => assert!(
+            field == "yaml"
+                && m.contains("logins")
+                && m.contains("sliding_log")
+                && m.contains("global"),
             "{m}"
         ),
         other => panic!("{other:?}"),
@@ -633,7 +659,7 @@ fn sliding_algorithms_cannot_be_leased_globally() {
     assert!(matches!(r, Response::PolicyPut { version: 1, .. }));
     let r = acquire(&mut l, T0, "eu", "gw", T, "r1");
     assert!(
-        matches!(r, Response::Rejected(LedgerError::FailedPrecondition(_))),
+        matches!(r, Response::Rejected(LedgerError::ScopeLocal { .. })),
         "{r:?}"
     );
 }
@@ -643,21 +669,21 @@ fn bad_input_is_refused_precisely_and_changes_nothing() {
     let mut l = ledger(REGIONAL);
     let before = l.snapshot();
     let cases: Vec<(Command, &str)> = vec![
-        (Command::Acquire(Acquire { key: key("acme"), region: "eu-west".into(), holder: "h".into(), want: 0, demand_per_s: 0, request_id: "x".into() }), "invalid"),
-        (Command::Acquire(Acquire { key: key("acme"), region: "mars".into(), holder: "h".into(), want: T, demand_per_s: 0, request_id: "x".into() }), "not found"),
-        (Command::Acquire(Acquire { key: PolicyKey { domain: "nope".into(), entries: vec![("tenant".into(), "a".into())] }, region: "eu-west".into(), holder: "h".into(), want: T, demand_per_s: 0, request_id: "x".into() }), "not found"),
-        (Command::Acquire(Acquire { key: PolicyKey { domain: "api".into(), entries: vec![("tenant".into(), String::new())] }, region: "eu-west".into(), holder: "h".into(), want: T, demand_per_s: 0, request_id: "x".into() }), "invalid"),
-        (Command::Acquire(Acquire { key: PolicyKey { domain: "api".into(), entries: vec![("user".into(), "u".into())] }, region: "eu-west".into(), holder: "h".into(), want: T, demand_per_s: 0, request_id: "x".into() }), "not found"),
-        (Command::Acquire(Acquire { key: key("acme"), region: "eu-west".into(), holder: String::new(), want: T, demand_per_s: 0, request_id: "x".into() }), "invalid"),
-        (Command::PutPolicy { yaml: "domain: api\ndescriptors: [{key: k, rate_limit: {unit: second, requests_per_unit: 0}}]\n".into(), expected_version: 1 }, "invalid"),
-        (Command::PutPolicy { yaml: REGIONAL.into(), expected_version: 7 }, "failed precondition"),
-        (Command::SetShares { policy: "nope".into(), shares: vec![], config_version: 1 }, "not found"),
-        (Command::Release { allocation_id: 12, epoch: 1, holder: "h".into(), final_spend: 0 }, "not found"),
+        (Command::Acquire(Acquire { key: key("acme"), region: "eu-west".into(), holder: "h".into(), want: 0, demand_per_s: 0, request_id: "x".into() }), "BadInput"),
+        (Command::Acquire(Acquire { key: key("acme"), region: "mars".into(), holder: "h".into(), want: T, demand_per_s: 0, request_id: "x".into() }), "UnknownRegion"),
+        (Command::Acquire(Acquire { key: PolicyKey { domain: "nope".into(), entries: vec![("tenant".into(), "a".into())] }, region: "eu-west".into(), holder: "h".into(), want: T, demand_per_s: 0, request_id: "x".into() }), "UnknownDomain"),
+        (Command::Acquire(Acquire { key: PolicyKey { domain: "api".into(), entries: vec![("tenant".into(), String::new())] }, region: "eu-west".into(), holder: "h".into(), want: T, demand_per_s: 0, request_id: "x".into() }), "BadInput"),
+        (Command::Acquire(Acquire { key: PolicyKey { domain: "api".into(), entries: vec![("user".into(), "u".into())] }, region: "eu-west".into(), holder: "h".into(), want: T, demand_per_s: 0, request_id: "x".into() }), "NoMatchingLimit"),
+        (Command::Acquire(Acquire { key: key("acme"), region: "eu-west".into(), holder: String::new(), want: T, demand_per_s: 0, request_id: "x".into() }), "BadInput"),
+        (Command::PutPolicy { yaml: "domain: api\ndescriptors: [{key: k, rate_limit: {unit: second, requests_per_unit: 0}}]\n".into(), expected_version: 1 }, "BadInput"),
+        (Command::PutPolicy { yaml: REGIONAL.into(), expected_version: 7 }, "PolicyVersionMismatch"),
+        (Command::SetShares { policy: "nope".into(), shares: vec![], config_version: 1 }, "UnknownPolicy"),
+        (Command::Release { allocation_id: 12, epoch: 1, holder: "h".into(), final_spend: 0 }, "UnknownAllocation"),
     ];
     for (cmd, want) in cases {
         let r = l.apply_at(&cmd, T0);
         match &r {
-            Response::Rejected(e) => assert!(e.to_string().starts_with(want), "{cmd:?}: {e}"),
+            Response::Rejected(e) => assert!(format!("{e:?}").starts_with(want), "{cmd:?}: {e:?}"),
             other => panic!("{cmd:?} was not refused: {other:?}"),
         }
     }
@@ -698,7 +724,7 @@ fn idle_keys_are_evicted_at_the_cap_active_ones_are_not() {
     granted(&acquire_one(&mut l, "b", T0, "2"));
     let r = acquire_one(&mut l, "c", T0, "3");
     assert!(
-        matches!(r, Response::Rejected(LedgerError::ResourceExhausted(_))),
+        matches!(r, Response::Rejected(LedgerError::TableFull { .. })),
         "{r:?}"
     );
     l.apply_at(
@@ -713,7 +739,7 @@ fn idle_keys_are_evicted_at_the_cap_active_ones_are_not() {
     // "a" has no live allocation but its bucket is not full yet: still not idle.
     assert!(matches!(
         acquire_one(&mut l, "c", T0 + 10, "4"),
-        Response::Rejected(LedgerError::ResourceExhausted(_))
+        Response::Rejected(LedgerError::TableFull { .. })
     ));
     // After refill "a" is idle and makes room.
     granted(&acquire_one(&mut l, "c", T0 + 200, "5"));
@@ -783,8 +809,13 @@ fn finished_allocations_are_forgotten_and_snapshots_stay_bounded() {
     // A forgotten id answers "ended"; an id never granted "not found"; nothing changes.
     let before = l.snapshot();
     match l.apply_at(&release_cmd(&first.unwrap(), "gw0", 0), day) {
-        Response::Rejected(LedgerError::FailedPrecondition(m)) => {
-            assert!(m.contains("ended"), "{m}")
+        Response::Rejected(
+            e @ LedgerError::AllocationEnded {
+                how: Ended::Forgotten,
+                ..
+            },
+        ) => {
+            assert!(e.to_string().contains("ended"), "{e}")
         }
         other => panic!("{other:?}"),
     }
@@ -796,7 +827,7 @@ fn finished_allocations_are_forgotten_and_snapshots_stay_bounded() {
     };
     assert!(matches!(
         l.apply_at(&never, day),
-        Response::Rejected(LedgerError::NotFound(_))
+        Response::Rejected(LedgerError::UnknownAllocation { .. })
     ));
     assert_eq!(l.snapshot(), before);
     // Epochs still increase for a holder whose earlier allocations are all forgotten.
@@ -817,8 +848,8 @@ fn reports_and_releases_from_another_holder_are_refused() {
     };
     for cmd in [report, release_cmd(&g, "gw2", 0)] {
         match l.apply_at(&cmd, T0) {
-            Response::Rejected(LedgerError::FailedPrecondition(m)) => {
-                assert!(m.contains("not held by \"gw2\""), "{m}")
+            Response::Rejected(e @ LedgerError::NotHolder { .. }) => {
+                assert!(e.to_string().contains("not held by \"gw2\""), "{e}")
             }
             other => panic!("{cmd:?}: {other:?}"),
         }
@@ -985,7 +1016,7 @@ fn calendar_keys_become_idle_when_their_period_ends() {
     // Same day, bucket full again: "a" still holds this day's calendar usage.
     assert!(matches!(
         acquire_one(&mut l, "b", T0 + 5_000, "2"),
-        Response::Rejected(LedgerError::ResourceExhausted(_))
+        Response::Rejected(LedgerError::TableFull { .. })
     ));
     // The next day "a"'s usage limits nothing: it is idle and makes room.
     let next_day = (T0 / 86_400_000 + 1) * 86_400_000;
@@ -1010,9 +1041,10 @@ fn a_share_below_one_token_is_refused_where_it_is_set() {
         },
         T0,
     );
-    let Response::Rejected(LedgerError::InvalidArgument(m)) = r else {
+    let Response::Rejected(e @ LedgerError::NeverGrantable { .. }) = r else {
         panic!("expected a refusal, got {r:?}");
     };
+    let m = e.to_string();
     assert!(
         m.contains("eu-west") && m.contains("5.0000%") && m.contains("10.0000%"),
         "{m}"
@@ -1036,7 +1068,7 @@ fn a_share_below_one_token_is_refused_where_it_is_set() {
     // At the time of the last entry, so only the refusal itself could change anything.
     let r = l.apply_at(&set(20_000), T0);
     assert!(
-        matches!(&r, Response::Rejected(LedgerError::InvalidArgument(m)) if m.contains("2.5000%")),
+        matches!(&r, Response::Rejected(e @ LedgerError::NeverGrantable { .. }) if e.to_string().contains("2.5000%")),
         "{r:?}"
     );
     assert_eq!(l.snapshot(), before, "a refused share changes nothing");

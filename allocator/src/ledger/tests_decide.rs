@@ -86,7 +86,7 @@ fn decide_debits_the_region_part_and_the_global_bucket() {
     let before = l.snapshot();
     let r = l.apply_at(&decide_cmd("mars", "gw1", T, "f"), T0);
     assert!(
-        matches!(r, Response::Rejected(LedgerError::NotFound(_))),
+        matches!(r, Response::Rejected(LedgerError::UnknownRegion { .. })),
         "{r:?}"
     );
     assert_eq!(l.snapshot(), before);
@@ -152,7 +152,9 @@ fn bad_decides_are_refused_and_change_nothing() {
     ];
     for cmd in cases {
         match l.apply_at(&cmd, T0) {
-            Response::Rejected(LedgerError::InvalidArgument(_)) => {}
+            Response::Rejected(
+                LedgerError::BadInput { .. } | LedgerError::RequestIdReused { .. },
+            ) => {}
             other => panic!("{cmd:?} was not refused: {other:?}"),
         }
     }
@@ -225,9 +227,10 @@ fn a_batch_is_its_commands_in_order_at_one_time() {
     let want: Vec<Response> = items
         .iter()
         .map(|c| match c {
-            Command::Batch(_) => Response::Rejected(LedgerError::InvalidArgument(
-                "a batch cannot contain a batch".into(),
-            )),
+            Command::Batch(_) => Response::Rejected(LedgerError::BadInput {
+                field: "batch".into(),
+                reason: "a batch cannot contain a batch".into(),
+            }),
             c => sequential.apply_at(c, T0 + 7),
         })
         .collect();

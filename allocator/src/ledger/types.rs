@@ -1,5 +1,6 @@
 //! Commands, responses and errors of the lease ledger: what crosses the Raft log.
 
+use super::LedgerError;
 use serde::{Deserialize, Serialize};
 
 /// The key a global quota is kept under: a domain and a request descriptor's entries.
@@ -200,23 +201,6 @@ pub enum Response {
     Batch(Vec<Response>),
     /// The command was refused; nothing changed.
     Rejected(LedgerError),
-}
-
-/// Why a command was refused. Each maps to one gRPC status code.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
-pub enum LedgerError {
-    /// Malformed input: INVALID_ARGUMENT.
-    #[error("invalid argument: {0}")]
-    InvalidArgument(String),
-    /// Unknown policy, domain, region or allocation: NOT_FOUND.
-    #[error("not found: {0}")]
-    NotFound(String),
-    /// Stale epoch, finished allocation, version mismatch: FAILED_PRECONDITION.
-    #[error("failed precondition: {0}")]
-    FailedPrecondition(String),
-    /// A bound (keys per policy) is reached: RESOURCE_EXHAUSTED.
-    #[error("resource exhausted: {0}")]
-    ResourceExhausted(String),
 }
 
 /// Per-region view of one policy key (seed §23: the overshoot bound as a number).

@@ -10,17 +10,22 @@
 //! - [`node`]: one allocator node tying the above together ([`Node`]).
 //! - [`group_commit`]: the leader's group commit, many commands per entry ([`GroupCommit`]).
 //! - [`clock`]: the injected wall clock used to stamp proposals.
-//! - [`test_app`]: a tiny [`App`] used to exercise this layer without the ledger.
+//! - `ledger_app`: the glue making the pure [`Ledger`](crate::ledger::Ledger) the replicated
+//!   [`App`] (apply at the stamped time, snapshot encoding, group commit batching).
+//! - `test_app` (tests, or the `testing` feature): a tiny [`App`] used to exercise this layer
+//!   without the ledger.
 
 pub mod app;
 pub mod clock;
 mod codec;
 pub mod group_commit;
+mod ledger_app;
 pub mod log_store;
 pub mod network_in;
 pub mod network_out;
 pub mod node;
 pub mod state_machine;
+#[cfg(any(test, feature = "testing"))]
 pub mod test_app;
 pub mod types;
 

@@ -1,29 +1,14 @@
 //! The lease items of the API (Acquire, Report, Release, Decide), unary or in a Batch: proto
-//! request → ledger command, ledger response → proto answer, and the one mapping of a refused
-//! item to its [`pb::ErrorDetail`].
+//! request → ledger command, ledger response → proto answer (a refused item answers the
+//! [`pb::ErrorDetail`] of `errors::ledger_error`).
 
+use super::errors::{detail, ledger_error};
 use super::policy_key;
-use crate::ledger::{self, AllocationState, Command, Ledger, LedgerError, Response as LResp};
+use crate::ledger::{self, Command, LedgerError, Response as LResp};
 use allot_proto::allot::v1 as pb;
 use pb::batch_item::Op;
 use pb::batch_result::Outcome;
 use pb::ErrorReason;
-
-/// An ErrorDetail with `reason` and `message`, other fields empty.
-pub fn detail(reason: ErrorReason, message: impl Into<String>) -> pb::ErrorDetail {
-    pb::ErrorDetail {
-        reason: reason as i32,
-        message: message.into(),
-        ..Default::default()
-    }
-}
-
-fn bad_input(field: &str, message: &str) -> pb::ErrorDetail {
-    pb::ErrorDetail {
-        field: field.into(),
-        ..detail(ErrorReason::BadInput, message)
-    }
-}
 
 /// The ledger command of an Acquire request; `None` without a key.
 pub fn acquire_command(b: pb::AcquireRequest) -> Option<Command> {
@@ -69,10 +54,17 @@ pub fn release_command(b: pb::ReleaseRequest) -> Command {
 }
 
 /// The ledger command of one Batch item, or why it has none (nothing is applied for it).
-pub fn item_command(item: pb::BatchItem) -> Result<Command, pb::ErrorDetail> {
-    let missing_key = || bad_input("key", "key is required");
+///
+/// # Errors
+/// [`LedgerError::BadInput`] naming the missing `op` or `key`.
+pub fn item_command(item: pb::BatchItem) -> Result<Command, LedgerError> {
+    let missing = |field: &str, reason: &str| LedgerError::BadInput {
+        field: field.into(),
+        reason: reason.into(),
+    };
+    let missing_key = || missing("key", "key is required");
     match item.op {
-        None => Err(bad_input("op", "the item has no operation")),
+        None => Err(missing("op", "the item has no operation")),
         Some(Op::Acquire(b)) => acquire_command(b).ok_or_else(missing_key),
         Some(Op::Decide(b)) => decide_command(b).ok_or_else(missing_key),
         Some(Op::Report(b)) => Ok(report_command(b)),
@@ -141,15 +133,10 @@ pub fn release_response(r: LResp) -> Result<pb::ReleaseResponse, LResp> {
     }
 }
 
-/// The result of one applied Batch item: its answer, or the detail of its refusal. `facts`
-/// looks an allocation up in the applied state, to classify a refused Report or Release.
-pub fn item_result(
-    cmd: &Command,
-    r: LResp,
-    facts: impl FnOnce(u64) -> AllocationFacts,
-) -> pb::BatchResult {
+/// The result of one applied Batch item: its answer, or the detail of its refusal.
+pub fn item_result(cmd: &Command, r: LResp) -> pb::BatchResult {
     let outcome = match (cmd, r) {
-        (_, LResp::Rejected(e)) => Outcome::Error(error_detail(&e, cmd, facts)),
+        (_, LResp::Rejected(e)) => Outcome::Error(ledger_error(&e).1),
         (Command::Acquire(_), r) => acquire_response(r)
             .map(Outcome::Acquire)
             .unwrap_or_else(unexpected),
@@ -174,60 +161,4 @@ fn unexpected(r: LResp) -> Outcome {
         ErrorReason::Unspecified,
         format!("unexpected ledger response {r:?}"),
     ))
-}
-
-/// What the applied state says about one allocation: (epoch, state), `None` when unknown.
-/// Read with [`allocation_facts`].
-pub type AllocationFacts = Option<(u64, AllocationState)>;
-
-/// The one mapping of a ledger refusal to the wire's [`pb::ErrorDetail`] (the Batch items'
-/// errors). `cmd` is the refused command. A refused Report or Release is classified by the
-/// allocation's state, looked up by `facts` after the refusal: an allocation's epoch never
-/// changes and its end (released, expired) is final, so that state tells why it was refused.
-pub fn error_detail(
-    e: &LedgerError,
-    cmd: &Command,
-    facts: impl FnOnce(u64) -> AllocationFacts,
-) -> pb::ErrorDetail {
-    let message = e.to_string();
-    let allocation = match cmd {
-        Command::Report {
-            allocation_id,
-            epoch,
-            ..
-        }
-        | Command::Release {
-            allocation_id,
-            epoch,
-            ..
-        } => Some((*allocation_id, *epoch)),
-        _ => None,
-    };
-    let reason = match (e, allocation) {
-        (LedgerError::InvalidArgument(_), _) => ErrorReason::BadInput,
-        (LedgerError::NotFound(_), Some(_)) => ErrorReason::UnknownAllocation,
-        (LedgerError::NotFound(_), None) => ErrorReason::UnknownPolicy,
-        (LedgerError::ResourceExhausted(_), _) => ErrorReason::KeyCapReached,
-        (LedgerError::FailedPrecondition(_), Some((id, epoch))) => {
-            let ended = match facts(id) {
-                Some((e, AllocationState::Released { .. })) if e == epoch => "released",
-                Some((e, AllocationState::Expired)) if e == epoch => "expired",
-                _ => return detail(ErrorReason::StaleEpoch, message),
-            };
-            return pb::ErrorDetail {
-                ended: ended.into(),
-                ..detail(ErrorReason::AllocationEnded, message)
-            };
-        }
-        (LedgerError::FailedPrecondition(_), None) => match cmd {
-            Command::PutPolicy { .. } | Command::SetShares { .. } => ErrorReason::VersionMismatch,
-            _ => ErrorReason::ScopeLocal,
-        },
-    };
-    detail(reason, message)
-}
-
-/// [`AllocationFacts`] of allocation `id` in `ledger`.
-pub fn allocation_facts(ledger: &Ledger, id: u64) -> AllocationFacts {
-    ledger.allocation(id).map(|a| (a.epoch, a.state))
 }

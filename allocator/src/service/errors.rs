@@ -1,0 +1,234 @@
+//! The one mapping of a ledger refusal to the wire (issue 11 item 4): each [`LedgerError`]
+//! variant gets its gRPC code and a machine-readable [`pb::ErrorDetail`] (reason, offending
+//! field, how an allocation ended, which table is full). A unary call answers the code with the
+//! detail in its status details; a Batch item answers the detail as its result.
+
+use crate::ledger::LedgerError;
+use allot_proto::allot::v1 as pb;
+use pb::ErrorReason;
+use tonic::Code;
+
+/// An ErrorDetail with `reason` and `message`, other fields empty.
+pub fn detail(reason: ErrorReason, message: impl Into<String>) -> pb::ErrorDetail {
+    pb::ErrorDetail {
+        reason: reason as i32,
+        message: message.into(),
+        ..Default::default()
+    }
+}
+
+/// A BAD_INPUT detail naming the offending `field`.
+fn bad_input(field: &str, message: impl Into<String>) -> pb::ErrorDetail {
+    pb::ErrorDetail {
+        field: field.into(),
+        ..detail(ErrorReason::BadInput, message)
+    }
+}
+
+/// The gRPC code and the wire detail of a ledger refusal. The message is the error's text; the
+/// reason and its structured fields are what a client acts on.
+pub fn ledger_error(e: &LedgerError) -> (Code, pb::ErrorDetail) {
+    use LedgerError as E;
+    let message = e.to_string();
+    let with = |reason| detail(reason, message.clone());
+    match e {
+        E::BadInput { field, .. } => (Code::InvalidArgument, bad_input(field, message)),
+        E::RequestIdReused { .. } => (Code::InvalidArgument, bad_input("request_id", message)),
+        E::LimitNameTaken { .. } => (Code::InvalidArgument, bad_input("yaml", message)),
+        E::SharesOverfull { .. } => (Code::InvalidArgument, bad_input("shares", message)),
+        E::Unlimited { .. } => (Code::InvalidArgument, bad_input("key", message)),
+        E::NeverGrantable { .. } => (Code::InvalidArgument, with(ErrorReason::NeverGrantable)),
+        E::UnknownDomain { .. }
+        | E::NoMatchingLimit { .. }
+        | E::UnknownPolicy { .. }
+        | E::UnknownRegion { .. }
+        | E::NoKeyState { .. } => (Code::NotFound, with(ErrorReason::UnknownPolicy)),
+        E::UnknownAllocation { .. } => (Code::NotFound, with(ErrorReason::UnknownAllocation)),
+        E::StaleEpoch { .. } => (Code::FailedPrecondition, with(ErrorReason::StaleEpoch)),
+        E::NotHolder { .. } => (Code::FailedPrecondition, with(ErrorReason::NotHolder)),
+        E::AllocationEnded { how, .. } => (
+            Code::FailedPrecondition,
+            pb::ErrorDetail {
+                ended: how.as_str().into(),
+                ..with(ErrorReason::AllocationEnded)
+            },
+        ),
+        E::PolicyVersionMismatch { .. } | E::SharesVersionNotNewer { .. } => {
+            (Code::FailedPrecondition, with(ErrorReason::VersionMismatch))
+        }
+        E::ScopeLocal { .. } => (Code::FailedPrecondition, with(ErrorReason::ScopeLocal)),
+        E::TableFull { table, .. } => (
+            Code::ResourceExhausted,
+            pb::ErrorDetail {
+                table: table.name().into(),
+                ..with(ErrorReason::KeyCapReached)
+            },
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ledger::{Ended, Table};
+
+    /// One of every variant, with the code and detail each must map to.
+    fn every_variant() -> Vec<(LedgerError, Code, ErrorReason)> {
+        use LedgerError as E;
+        let s = |v: &str| v.to_string();
+        vec![
+            (
+                E::BadInput {
+                    field: s("want"),
+                    reason: s("must be > 0"),
+                },
+                Code::InvalidArgument,
+                ErrorReason::BadInput,
+            ),
+            (
+                E::UnknownDomain { domain: s("api") },
+                Code::NotFound,
+                ErrorReason::UnknownPolicy,
+            ),
+            (
+                E::NoMatchingLimit { domain: s("api") },
+                Code::NotFound,
+                ErrorReason::UnknownPolicy,
+            ),
+            (
+                E::UnknownPolicy { policy: s("p") },
+                Code::NotFound,
+                ErrorReason::UnknownPolicy,
+            ),
+            (
+                E::UnknownRegion {
+                    policy: s("p"),
+                    region: s("mars"),
+                },
+                Code::NotFound,
+                ErrorReason::UnknownPolicy,
+            ),
+            (
+                E::NoKeyState { policy: s("p") },
+                Code::NotFound,
+                ErrorReason::UnknownPolicy,
+            ),
+            (
+                E::UnknownAllocation { id: u64::MAX },
+                Code::NotFound,
+                ErrorReason::UnknownAllocation,
+            ),
+            (
+                E::StaleEpoch {
+                    id: 1,
+                    have: u64::MAX,
+                    got: 0,
+                },
+                Code::FailedPrecondition,
+                ErrorReason::StaleEpoch,
+            ),
+            (
+                E::NotHolder {
+                    id: 1,
+                    holder: s("gw2"),
+                },
+                Code::FailedPrecondition,
+                ErrorReason::NotHolder,
+            ),
+            (
+                E::AllocationEnded {
+                    id: 1,
+                    how: Ended::Expired,
+                },
+                Code::FailedPrecondition,
+                ErrorReason::AllocationEnded,
+            ),
+            (
+                E::PolicyVersionMismatch {
+                    domain: s("api"),
+                    expected: 0,
+                    actual: u64::MAX,
+                },
+                Code::FailedPrecondition,
+                ErrorReason::VersionMismatch,
+            ),
+            (
+                E::SharesVersionNotNewer {
+                    policy: s("p"),
+                    current: 3,
+                    got: 3,
+                },
+                Code::FailedPrecondition,
+                ErrorReason::VersionMismatch,
+            ),
+            (
+                E::ScopeLocal { policy: s("p") },
+                Code::FailedPrecondition,
+                ErrorReason::ScopeLocal,
+            ),
+            (
+                E::Unlimited { policy: s("p") },
+                Code::InvalidArgument,
+                ErrorReason::BadInput,
+            ),
+            (
+                E::LimitNameTaken { name: s("p") },
+                Code::InvalidArgument,
+                ErrorReason::BadInput,
+            ),
+            (
+                E::NeverGrantable {
+                    policy: s("p"),
+                    region: s("eu"),
+                    share_ppm: 1,
+                    least_ppm: 2,
+                    capacity_tokens: 0,
+                },
+                Code::InvalidArgument,
+                ErrorReason::NeverGrantable,
+            ),
+            (
+                E::SharesOverfull {
+                    policy: s("p"),
+                    total_ppm: u64::MAX,
+                },
+                Code::InvalidArgument,
+                ErrorReason::BadInput,
+            ),
+            (
+                E::TableFull {
+                    table: Table::PolicyKeys { policy: s("p") },
+                    cap: 0,
+                },
+                Code::ResourceExhausted,
+                ErrorReason::KeyCapReached,
+            ),
+            (
+                E::RequestIdReused {
+                    holder: s("h"),
+                    request_id: s("r"),
+                    kind: s("acquire"),
+                },
+                Code::InvalidArgument,
+                ErrorReason::BadInput,
+            ),
+        ]
+    }
+
+    #[test]
+    fn every_variant_maps_to_its_code_and_reason_with_its_facts() {
+        for (e, code, reason) in every_variant() {
+            let (c, d) = ledger_error(&e);
+            assert_eq!((c, d.reason), (code, reason as i32), "{e:?}");
+            assert_eq!(d.message, e.to_string());
+            match &e {
+                LedgerError::BadInput { field, .. } => assert_eq!(&d.field, field),
+                LedgerError::RequestIdReused { .. } => assert_eq!(d.field, "request_id"),
+                LedgerError::AllocationEnded { how, .. } => assert_eq!(d.ended, how.as_str()),
+                LedgerError::TableFull { .. } => assert_eq!(d.table, "policy_keys"),
+                _ => assert!(d.ended.is_empty() && d.table.is_empty()),
+            }
+            assert_eq!(d.leader_id, None);
+        }
+    }
+}
