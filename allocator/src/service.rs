@@ -648,7 +648,23 @@ impl Allocator for AllocatorService {
             learners,
             last_log_index: m.last_log_index,
             last_applied_index: m.last_applied.map(|l| l.index),
+            tables: self
+                .node
+                .state()
+                .read(|l| l.tables())
+                .iter()
+                .map(table_usage)
+                .collect(),
         }))
+    }
+}
+
+fn table_usage(u: &ledger::TableUsage) -> pb::TableUsage {
+    pb::TableUsage {
+        table: u.table.name().to_string(),
+        entries: u.entries,
+        refused: u.counters.refused,
+        evicted: u.counters.evicted,
     }
 }
 

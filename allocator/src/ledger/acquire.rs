@@ -2,16 +2,13 @@
 //! remainder), debited from every one of them at grant time (seed §21). The sources and what
 //! they hold are [`super::sources`]'s.
 
-use super::calendar::period_bounds;
 use super::division::Demand;
 use super::fair_share::fair_part;
-use super::sources::{available, check_id, debit, wait_for, OverCapacity};
+use super::sources::{available, check_id, debit, wait_for, OverCapacity, Target};
 use super::{
-    Acquire, Allocation, AllocationState, Charged, Denial, Grant, KeyState, Ledger, LedgerError,
-    RegionKeyState, Response, Table,
+    Acquire, Allocation, AllocationState, Charged, Denial, Grant, Ledger, LedgerError, Response,
 };
 use allot_common::algorithm::LimitParams;
-use allot_common::config::Rule;
 use allot_common::decision::RetryAfter;
 use allot_common::units::{
     millis_to_nanos, nanos_to_millis_ceil, nanos_to_millis_floor, MAX_TOKENS, MICROS_PER_TOKEN,
@@ -52,6 +49,19 @@ impl Ledger {
             demand_per_s: a.demand_per_s,
         };
         let t = self.prepare(&a.key, &a.region, &demand, now)?;
+        let r = self.grant(a, &demand, &t, now);
+        self.reindex_key(&t.kid, now);
+        r
+    }
+
+    /// The grant or denial for `a` of the key `prepare` readied as `t`.
+    fn grant(
+        &mut self,
+        a: &Acquire,
+        demand: &Demand<'_>,
+        t: &Target,
+        now: u64,
+    ) -> Result<Response, LedgerError> {
         let (rule, kid, version, params) = (&t.rule, &t.kid, t.version, t.params);
         let now_ns = millis_to_nanos(now);
         if let Some((retry_after_ms, reason)) = t.no_part(&a.region) {
@@ -88,7 +98,7 @@ impl Ledger {
 
         // Divide the pool fairly among the holders asking in this region recently.
         let ttl = rule.lease.ttl_ms;
-        let (wants, me) = self.holder_wants(kid, &a.region, &demand, ttl, now);
+        let (wants, me) = self.holder_wants(kid, &a.region, demand, ttl, now);
         let fair = fair_part(pool, &wants, me);
 
         let mut grant = a.want.min(rule.lease.max_grant).min(fair).min(pool);
@@ -205,48 +215,6 @@ impl Ledger {
             policy_version: version,
         }))
     }
-
-    /// Makes room for one more key of `rule`: evicts its idle keys (no live allocation, buckets
-    /// full, calendar unused) when at the cap.
-    pub(super) fn make_room(&mut self, rule: &Rule, now_ns: u64) -> Result<(), LedgerError> {
-        let prefix = rule.id.clone();
-        let count = self
-            .keys
-            .range((prefix.clone(), Vec::new())..)
-            .take_while(|((r, _), _)| *r == prefix)
-            .count() as u64;
-        if count < rule.max_keys {
-            return Ok(());
-        }
-        let idle: Vec<(String, Vec<u8>)> = self
-            .keys
-            .range((prefix.clone(), Vec::new())..)
-            .take_while(|((r, _), _)| *r == prefix)
-            .filter(|(_, ks)| is_idle(ks, rule, now_ns))
-            .map(|(k, _)| k.clone())
-            .collect();
-        if idle.is_empty() {
-            return Err(LedgerError::TableFull {
-                table: Table::PolicyKeys {
-                    policy: rule.name.clone(),
-                },
-                cap: rule.max_keys,
-            });
-        }
-        for k in idle {
-            self.keys.remove(&k);
-            let gone: Vec<_> = self
-                .demands
-                .range((k.clone(), String::new())..)
-                .take_while(|((kk, _), _)| *kk == k)
-                .map(|(d, _)| d.clone())
-                .collect();
-            for d in gone {
-                self.demands.remove(&d);
-            }
-        }
-        Ok(())
-    }
 }
 
 /// Milliseconds left (rounded down) in the current window of a fixed-window limit at `now_ns`;
@@ -258,27 +226,4 @@ fn window_left_ms(params: &LimitParams, now_ns: u64) -> Option<u64> {
     let period = w.period_ns.max(1);
     let end_ns = (now_ns - now_ns % period).saturating_add(period);
     Some(nanos_to_millis_floor(end_ns) - nanos_to_millis_floor(now_ns))
-}
-
-/// Whether a key holds nothing that evicting it would lose: no live allocation, full buckets,
-/// and no calendar usage of the current period (usage of an ended period no longer limits
-/// anything, issue 10 item 9).
-fn is_idle(ks: &KeyState, rule: &Rule, now_ns: u64) -> bool {
-    let now_ms = now_ns / 1_000_000;
-    let calendar_idle = |(start, used): (u64, u64)| {
-        used == 0
-            || rule
-                .quota
-                .is_none_or(|q| period_bounds(q.period, now_ms).0 != start)
-    };
-    let region_idle = |r: &RegionKeyState| {
-        r.live == 0
-            && r.bucket
-                .as_ref()
-                .is_none_or(|b| b.params.is_idle(&b.state, now_ns))
-    };
-    ks.live == 0
-        && ks.calendar.is_none_or(calendar_idle)
-        && ks.global.params.is_idle(&ks.global.state, now_ns)
-        && ks.regions.values().all(region_idle)
 }

@@ -9,7 +9,7 @@
 //! and is charged once.
 
 use super::division::Demand;
-use super::sources::{available, check_id, debit, wait_for, OverCapacity};
+use super::sources::{available, check_id, debit, wait_for, OverCapacity, Target};
 use super::{Decide, Decided, Ledger, LedgerError, Response};
 use allot_common::decision::RetryAfter;
 use allot_common::units::{nanos_to_millis_ceil, MAX_TOKENS, MICROS_PER_TOKEN};
@@ -51,6 +51,18 @@ impl Ledger {
             demand_per_s: 0,
         };
         let t = self.prepare(&d.key, &d.region, &demand, now)?;
+        let r = self.decide_prepared(d, &t, now);
+        self.reindex_key(&t.kid, now);
+        r
+    }
+
+    /// The decision on `d` for the key `prepare` readied as `t`.
+    fn decide_prepared(
+        &mut self,
+        d: &Decide,
+        t: &Target,
+        now: u64,
+    ) -> Result<Decided, LedgerError> {
         let (rule, version) = (&t.rule, t.version);
         let denied = |retry_after_ms: u64, never: bool, reason: String, remaining: u64| Decided {
             allowed: false,

@@ -53,7 +53,7 @@ impl Ask {
 
 /// How long a region counts as busy after its last Acquire, ms: a holder with demand renews
 /// before its allocation dies, at most a lease plus the drift after its previous grant.
-fn idle_after_ms(rule: &Rule) -> u64 {
+pub(super) fn idle_after_ms(rule: &Rule) -> u64 {
     rule.lease.ttl_ms.saturating_add(rule.lease.max_drift_ms)
 }
 
@@ -144,6 +144,7 @@ impl Ledger {
             .demands
             .entry((kid.clone(), region.to_string()))
             .or_default();
+        let before = asks.len();
         asks.retain(|_, x| x.at_ms.saturating_add(idle) > now);
         let denied_at_ms = asks.get(d.holder).map_or(0, |x| x.denied_at_ms);
         asks.insert(
@@ -155,6 +156,8 @@ impl Ledger {
                 denied_at_ms,
             },
         );
+        let after = asks.len();
+        self.index.asks_changed(before, after);
     }
 
     /// Notes that `holder`'s request for `kid` in `region` was denied at `now`: its region is

@@ -153,7 +153,8 @@ pub enum LedgerError {
         /// Their sum, parts per million.
         total_ppm: u64,
     },
-    /// A table keyed by client-chosen values is at its cap and nothing in it can be evicted.
+    /// A table keyed by client-chosen values is at its cap and nothing in it can be evicted
+    /// (for holders: none of them is older than the idle window).
     #[error("{table} is full ({cap} entries), none idle")]
     TableFull {
         /// Which table.
@@ -216,6 +217,19 @@ pub enum Table {
         /// Policy (limit) name.
         policy: String,
     },
+    /// The regions of one policy key (`lease.max_regions`).
+    Regions {
+        /// Policy (limit) name.
+        policy: String,
+    },
+    /// The holders that asked for one policy key in one region within the idle window
+    /// (`lease.max_holders`).
+    Holders {
+        /// Policy (limit) name.
+        policy: String,
+        /// The region.
+        region: String,
+    },
 }
 
 impl Table {
@@ -223,6 +237,8 @@ impl Table {
     pub fn name(&self) -> &'static str {
         match self {
             Table::PolicyKeys { .. } => "policy_keys",
+            Table::Regions { .. } => "regions",
+            Table::Holders { .. } => "holders",
         }
     }
 }
@@ -231,6 +247,11 @@ impl std::fmt::Display for Table {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Table::PolicyKeys { policy } => write!(f, "the key table of limit {policy}"),
+            Table::Regions { policy } => write!(f, "the region table of a key of limit {policy}"),
+            Table::Holders { policy, region } => write!(
+                f,
+                "the holder table of a key of limit {policy} in region {region:?}"
+            ),
         }
     }
 }

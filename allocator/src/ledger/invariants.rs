@@ -4,6 +4,7 @@
 //! The check costs O(live allocations + keys × regions + shares + remembered answers): it never
 //! walks ended allocations one by one, so it stays cheap however long the ledger has run.
 
+use super::tables::KeyIndex;
 use super::{AllocationState, Ledger};
 use allot_common::config::PPM;
 use std::collections::BTreeMap;
@@ -31,7 +32,10 @@ impl Ledger {
     ///   is the sum of its regions';
     /// * per policy Σ configured shares ≤ 100 %, and per key Σ regional parts held (effective
     ///   or reserved) ≤ 100 %;
-    /// * the idempotency cache and its time index hold the same entries.
+    /// * the idempotency cache and its time index hold the same entries;
+    /// * the key index (keys per rule, evictable keys by idle time, region and ask counts) is
+    ///   exactly the one built from the keys, and a key is filed as evictable exactly when it
+    ///   has no live allocation.
     ///
     /// # Errors
     /// [`InvariantError`] naming the first invariant found broken.
@@ -39,6 +43,7 @@ impl Ledger {
         let sums = self.check_live_allocations()?;
         self.check_key_totals(&sums)?;
         self.check_share_invariants()?;
+        self.check_tables()?;
         if self.requests.len() != self.request_times.len() {
             return broken(format!(
                 "{} remembered answers but {} in the time index",
@@ -131,6 +136,22 @@ impl Ledger {
         }
         if seen != sums.len() {
             return broken("a live allocation has no policy key state".into());
+        }
+        Ok(())
+    }
+
+    fn check_tables(&self) -> Result<(), InvariantError> {
+        for ((rule, _), ks) in &self.keys {
+            if ks.idle_at_ms.is_some() == (ks.live > 0) {
+                return broken(format!(
+                    "{rule}: a key with {} live allocations has idle time {:?}",
+                    ks.live, ks.idle_at_ms
+                ));
+            }
+        }
+        let asks = self.demands.values().map(|m| m.len() as u64).sum();
+        if self.index != KeyIndex::of(&self.keys, asks) {
+            return broken("the key index differs from the keys it indexes".into());
         }
         Ok(())
     }

@@ -33,6 +33,7 @@ mod invariants;
 mod policy;
 mod settle;
 mod sources;
+mod tables;
 mod types;
 
 pub use calendar::period_bounds;
@@ -41,6 +42,7 @@ pub use fair_share::{fair_part, one_token_ppm, region_parts, RegionClaim};
 pub use handoff::HYSTERESIS_PPM;
 pub use invariants::InvariantError;
 pub use sources::MAX_ID_BYTES;
+pub use tables::{TableCounters, TableKind, TableStats, TableUsage, EVICTION_PROBES};
 pub use types::{
     Acquire, Command, Decide, Decided, Denial, Grant, KeyStatus, PolicyKey, RegionStatus, Response,
     Share, ShareSpec,
@@ -157,6 +159,10 @@ struct KeyState {
     parts: handoff::Parts,
     /// When the key's state was created, Unix ms.
     created_ms: u64,
+    /// When the key becomes evictable if nothing touches it (`tables::idle_at`), Unix ms;
+    /// `None` while it has a live allocation. Kept in snapshots: the idle index is rebuilt
+    /// from it, so every replica evicts the same key.
+    idle_at_ms: Option<u64>,
 }
 
 /// A policy document in force.
@@ -214,6 +220,12 @@ pub struct Ledger {
     requests: BTreeMap<(String, String), (u64, Response)>,
     request_times: BTreeSet<(u64, String, String)>,
     violations: Violations,
+    /// Indexes derived from `keys` and `demands` (`tables`); rebuilt on restore.
+    #[serde(skip)]
+    index: tables::KeyIndex,
+    /// Refusal and eviction counters per capped table: node-local metrics, not replicated.
+    #[serde(skip)]
+    stats: tables::TableStats,
 }
 
 impl Ledger {
@@ -373,7 +385,7 @@ impl Ledger {
     }
 
     /// Rebuilds the state derived from the stored state and not serialised (the parsed policy
-    /// documents), after a ledger was decoded from a snapshot.
+    /// documents, the key index of `tables`), after a ledger was decoded from a snapshot.
     ///
     /// # Errors
     /// [`LedgerError::BadInput`] (field `yaml`) naming the domain whose stored document no
@@ -387,6 +399,8 @@ impl Ledger {
             })?;
             self.parsed.insert(domain.clone(), d);
         }
+        let asks = self.demands.values().map(|m| m.len() as u64).sum();
+        self.index = tables::KeyIndex::of(&self.keys, asks);
         Ok(())
     }
 
@@ -425,6 +439,7 @@ impl Ledger {
             ks.parts.ended(&a.region, a.shares_version);
         }
         self.rebalance_key(&kid, now);
+        self.reindex_key(&kid, now);
         self.ended.push_back((now, a.id));
     }
 
@@ -444,8 +459,12 @@ impl Ledger {
     fn forget_requests(&mut self, now: u64) {
         while let Some((at, h, id)) = self.request_times.first().cloned() {
             let too_many = self.request_times.len() > MAX_REMEMBERED_REQUESTS;
-            if !too_many && at.saturating_add(REQUEST_RETENTION_MS) > now {
+            let retained = at.saturating_add(REQUEST_RETENTION_MS) > now;
+            if !too_many && retained {
                 break;
+            }
+            if retained {
+                self.stats.evicted(TableKind::Requests);
             }
             self.request_times.pop_first();
             self.requests.remove(&(h, id));
@@ -490,3 +509,5 @@ mod tests;
 
 #[cfg(test)]
 mod tests_decide;
+#[cfg(test)]
+mod tests_tables;

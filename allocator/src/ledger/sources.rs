@@ -118,7 +118,8 @@ impl Ledger {
     /// unlimited limit, [`LedgerError::UnknownDomain`], [`LedgerError::NoMatchingLimit`] or
     /// [`LedgerError::UnknownRegion`] for an unknown domain, rule or region,
     /// [`LedgerError::ScopeLocal`] for a limit with scope local, [`LedgerError::TableFull`] when
-    /// the key cap is reached with no idle key.
+    /// the key cap is reached with no idle key, or the key's regions or the region's holders are
+    /// at their cap (`tables`); nothing changes then.
     pub(super) fn prepare(
         &mut self,
         key: &PolicyKey,
@@ -137,22 +138,27 @@ impl Ledger {
         let share = self.region_share(&rule.id, region)?;
         let activated_ns = millis_to_nanos(self.activated_at(&key.domain));
         let now_ns = millis_to_nanos(now);
+        if let Some(e) = self.table_full(&kid, &rule, region, demand.holder, now) {
+            if let LedgerError::TableFull { table, .. } = &e {
+                self.stats.refused(super::tables::kind_of(table));
+            }
+            return Err(e);
+        }
         if !self.keys.contains_key(&kid) {
-            self.make_room(&rule, now_ns)?;
-            self.keys.insert(
-                kid.clone(),
-                KeyState {
-                    global: Bucket {
-                        params,
-                        state: params.initial_state(now_ns),
-                    },
-                    regions: Default::default(),
-                    calendar: None,
-                    live: 0,
-                    parts: Default::default(),
-                    created_ms: now,
+            self.make_room(&rule, now)?;
+            let ks = KeyState {
+                global: Bucket {
+                    params,
+                    state: params.initial_state(now_ns),
                 },
-            );
+                regions: Default::default(),
+                calendar: None,
+                live: 0,
+                parts: Default::default(),
+                created_ms: now,
+                idle_at_ms: Some(now),
+            };
+            self.insert_key(kid.clone(), ks);
         }
         self.record_ask(&kid, region, demand, &rule, now);
         self.rebalance_key(&kid, now);
@@ -160,6 +166,7 @@ impl Ledger {
         let ppm = share.map(|_| ks.parts.effective(region));
         let shares_version = ks.parts.version;
         retune(&mut ks.global, params, activated_ns);
+        let new_region = !ks.regions.contains_key(region);
         let part = ks.regions.entry(region.to_string()).or_default();
         match (ppm.map(|p| params.scaled(p)), &mut part.bucket) {
             (Some(Some(rp)), Some(b)) => retune(b, rp, now_ns),
@@ -170,6 +177,9 @@ impl Ledger {
                 })
             }
             _ => {}
+        }
+        if new_region {
+            self.index.region_added();
         }
         Ok(Target {
             rule,

@@ -182,8 +182,18 @@ pub fn cluster_status_text(c: &pb::ClusterStatusResponse) -> String {
         }
     };
     let opt = |v: Option<u64>| v.map_or("-".to_string(), |v| v.to_string());
+    let tables: String = c
+        .tables
+        .iter()
+        .map(|t| {
+            format!(
+                "table {}: {} entries, {} refused, {} evicted\n",
+                t.table, t.entries, t.refused, t.evicted
+            )
+        })
+        .collect();
     format!(
-        "node {}: {} in term {}\nleader: {}\nvoters: {}\nlearners: {}\nlast log index: {}, last applied: {}\n",
+        "node {}: {} in term {}\nleader: {}\nvoters: {}\nlearners: {}\nlast log index: {}, last applied: {}\n{tables}",
         c.node_id,
         c.state,
         c.current_term,
@@ -211,6 +221,12 @@ pub fn cluster_status_json(c: &pb::ClusterStatusResponse) -> Value {
         "learners": members(&c.learners),
         "last_log_index": c.last_log_index,
         "last_applied_index": c.last_applied_index,
+        "tables": c.tables.iter().map(|t| json!({
+            "table": t.table,
+            "entries": t.entries,
+            "refused": t.refused,
+            "evicted": t.evicted,
+        })).collect::<Vec<_>>(),
     })
 }
 

@@ -21,6 +21,8 @@
 //!           max_in_flight: 50   # optional concurrency cap per key (agent only)
 //!           fuse: {requests_per_unit: 100, burst: 200}  # loose local flood fuse (agent only)
 //!           lease: {ttl_ms: 5000, max_grant: 20, max_drift_ms: 500}   # allocator leasing
+//!           # lease also takes max_regions: 64 (regions per key) and max_holders: 1024
+//!           # (holders per key and region) that the allocator keeps state for
 //!           quota: {limit: 20000000, period: month}                  # calendar budget (UTC)
 //!           regions: [{region: eu-west, share: "50%"}, {region: us-east, rate: 4}]
 //!           shares_mode: weighted   # weighted (shares are guarantees and weights) | cap
@@ -141,7 +143,26 @@ pub struct LeaseSettings {
     /// Maximum clock drift between allocator and agents in milliseconds (default 500): an
     /// allocation is dead only at expires-at + this.
     pub max_drift_ms: u64,
+    /// Most regions the allocator keeps state for per policy key (default
+    /// [`DEFAULT_MAX_REGIONS`]): region names are client-chosen, so an Acquire or Decide from
+    /// one more region is refused with RESOURCE_EXHAUSTED (issue 10 item 11). At least the
+    /// number of configured `regions`.
+    pub max_regions: u64,
+    /// Most holders (agents) whose recent asks the allocator keeps per policy key and region
+    /// for fair division (default [`DEFAULT_MAX_HOLDERS`]); an ask from one more holder while
+    /// that many asked within the idle window is refused with RESOURCE_EXHAUSTED.
+    pub max_holders: u64,
 }
+
+/// Default of `lease.max_regions`: regions kept per policy key.
+pub const DEFAULT_MAX_REGIONS: u64 = 64;
+
+/// Default of `lease.max_holders`: holders whose asks are kept per policy key and region.
+pub const DEFAULT_MAX_HOLDERS: u64 = 1_024;
+
+/// Largest `lease.max_regions` and `lease.max_holders`: the allocator scans these tables on
+/// a key's grant path, so they stay small.
+pub const MAX_TABLE_CAP: u64 = 1 << 16;
 
 /// A region's share of a global limit (seed §20).
 #[derive(Debug, Clone, PartialEq, Eq)]

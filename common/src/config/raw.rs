@@ -72,6 +72,8 @@ pub(crate) struct RawLease {
     pub ttl_ms: Option<Scalar>,
     pub max_grant: Option<Scalar>,
     pub max_drift_ms: Option<Scalar>,
+    pub max_regions: Option<Scalar>,
+    pub max_holders: Option<Scalar>,
 }
 
 /// `rate_limit.fuse`: a loose local bucket an agent checks before the lease path.

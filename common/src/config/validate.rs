@@ -3,8 +3,8 @@
 use super::raw::{RawDescriptor, RawDomain, RawRateLimit, RawRegion, Scalar};
 use super::{
     CalendarPeriod, CalendarQuota, Children, ConfigError, DomainConfig, FailureMode, LeaseSettings,
-    Node, RegionShare, Rule, RuleLimit, Scope, SharesMode, Unit, DEFAULT_MAX_KEYS,
-    MAX_SLIDING_LOG_LIMIT, PPM,
+    Node, RegionShare, Rule, RuleLimit, Scope, SharesMode, Unit, DEFAULT_MAX_HOLDERS,
+    DEFAULT_MAX_KEYS, DEFAULT_MAX_REGIONS, MAX_SLIDING_LOG_LIMIT, MAX_TABLE_CAP, PPM,
 };
 use crate::algorithm::{AlgorithmKind, LimitParams};
 use crate::descriptor::MAX_PART_BYTES;
@@ -241,6 +241,13 @@ fn rule(
     let quota = quota(cx, rl, path)?;
     let lease = lease(cx, rl, path, &limit)?;
     let regions = regions(cx, rl, path, &limit)?;
+    if regions.len() as u64 > lease.max_regions {
+        return Err(cx.invalid(
+            &format!("{}.max_regions", field(path, "lease")),
+            rl.lease.as_ref().and_then(|l| l.max_regions.as_ref()),
+            format!("must be at least the {} configured regions", regions.len()),
+        ));
+    }
     let shares_mode = shares_mode(cx, rl, path)?;
     Ok(Rule {
         shares_mode,
@@ -445,6 +452,8 @@ fn lease(
         ttl_ms: 5_000,
         max_grant: (capacity / 4 / MICROS_PER_TOKEN * MICROS_PER_TOKEN).max(MICROS_PER_TOKEN),
         max_drift_ms: 500,
+        max_regions: DEFAULT_MAX_REGIONS,
+        max_holders: DEFAULT_MAX_HOLDERS,
     };
     let Some(l) = &rl.lease else {
         return Ok(lease);
@@ -466,6 +475,13 @@ fn lease(
                 "must be a whole number of milliseconds from 0 to 60000",
             ))
         }
+    }
+    let (regions, holders) = (l.max_regions.as_ref(), l.max_holders.as_ref());
+    if let Some(v) = cx.positive(&format!("{lp}.max_regions"), regions, MAX_TABLE_CAP)? {
+        lease.max_regions = v;
+    }
+    if let Some(v) = cx.positive(&format!("{lp}.max_holders"), holders, MAX_TABLE_CAP)? {
+        lease.max_holders = v;
     }
     Ok(lease)
 }
@@ -684,7 +700,9 @@ mod tests {
             LeaseSettings {
                 ttl_ms: 2000,
                 max_grant: 20 * MICROS_PER_TOKEN,
-                max_drift_ms: 100
+                max_drift_ms: 100,
+                max_regions: DEFAULT_MAX_REGIONS,
+                max_holders: DEFAULT_MAX_HOLDERS,
             }
         );
         let shares: Vec<(&str, u32)> = r
@@ -706,6 +724,22 @@ mod tests {
         assert!(e.contains("regions[0].share") && e.contains("half"), "{e}");
         let e = err("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 10, quota: {limit: 5, period: year}}\n");
         assert!(e.contains("quota.period") && e.contains("year"), "{e}");
+        // Table caps: explicit values, at least the configured regions, at most MAX_TABLE_CAP.
+        let d = domain("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 2, lease: {max_regions: 2, max_holders: 3}}\n", Path::new("t.yaml")).unwrap();
+        assert_eq!(
+            (d.rules[0].lease.max_regions, d.rules[0].lease.max_holders),
+            (2, 3)
+        );
+        let e = err("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 10, lease: {max_regions: 1}, regions: [{region: a, share: \"50%\"}, {region: b, share: \"50%\"}]}\n");
+        assert!(
+            e.contains("lease.max_regions") && e.contains("2 configured regions"),
+            "{e}"
+        );
+        let e = err("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 10, lease: {max_holders: 0}}\n");
+        assert!(
+            e.contains("lease.max_holders") && e.contains("65536"),
+            "{e}"
+        );
         // Default lease: a quarter of the capacity, whole tokens, at least one.
         let d = domain("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 2}\n", Path::new("t.yaml")).unwrap();
         assert_eq!(d.rules[0].lease.max_grant, MICROS_PER_TOKEN);
