@@ -493,6 +493,7 @@ impl Allocator for AllocatorService {
         let cmd = Command::PutPolicy {
             yaml: body.yaml.clone(),
             expected_version: body.expected_version,
+            request_id: body.request_id.clone(),
         };
         match self
             .write(fwd, deadline, cmd, |mut c| async move {
@@ -536,6 +537,7 @@ impl Allocator for AllocatorService {
             policy: body.policy.clone(),
             shares,
             config_version: body.config_version,
+            request_id: body.request_id.clone(),
         };
         match self
             .write(fwd, deadline, cmd, |mut c| async move {

@@ -7,6 +7,8 @@
 //!   commit, leader killed under load, B + r·t, stale epochs, whole-cluster restart.
 //! - `redirect`: follower forwarding and leader hints; bad input gets precise codes and changes
 //!   nothing.
+//! - `admin_retry`: admin writes retried with their request id after a leader change answer
+//!   their first success.
 //! - `daemon`: a complete node as the binary runs it: init, policy files, the leader's tick.
 //! - `batch`: Batch and Decide with group commit: per-item answers, forwarding, a leader change
 //!   under batched load, overload and deadlines.
@@ -28,6 +30,9 @@ mod ledger_failover;
 
 #[path = "cluster/redirect.rs"]
 mod redirect;
+
+#[path = "cluster/admin_retry.rs"]
+mod admin_retry;
 
 #[path = "cluster/daemon.rs"]
 mod daemon;

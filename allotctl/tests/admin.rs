@@ -182,6 +182,26 @@ async fn admin_commands_drive_a_cluster() {
         text(&out.stderr)
     );
 
+    // Each successful write went with a fresh, non-empty request id: the ledger remembers both
+    // answers for retries (an empty id is never remembered). `cluster status` shows the table.
+    let out = allotctl(
+        dir.path(),
+        &["cluster", "status", "--addr", &a(leader), "--json"],
+    )
+    .await;
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let admin = v["tables"]
+        .as_array()
+        .and_then(|ts| ts.iter().find(|t| t["table"] == "admin_requests"))
+        .unwrap_or_else(|| panic!("no admin_requests table: {v}"));
+    assert_eq!(admin["entries"], 2, "{v}");
+    let out = allotctl(dir.path(), &["cluster", "status", "--addr", &a(leader)]).await;
+    let s = text(&out.stdout);
+    assert!(
+        s.contains("table keys: 0 entries, 0 refused, 0 evicted"),
+        "{s}"
+    );
+
     // A grant and a report, then the status in tokens and in raw microtokens.
     let mut c = AllocatorClient::connect(format!("http://{}", a(leader)))
         .await

@@ -146,6 +146,7 @@ async fn install_all(node: &Node<Ledger>, files: &[PolicyFile]) -> bool {
         let cmd = Command::PutPolicy {
             yaml: f.yaml.clone(),
             expected_version: version,
+            request_id: String::new(),
         };
         match node.propose(cmd).await {
             Ok(Response::PolicyPut { domain, version }) => {

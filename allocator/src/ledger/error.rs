@@ -175,6 +175,16 @@ pub enum LedgerError {
         /// The kind of the asking request (`acquire`, `decide`).
         kind: String,
     },
+    /// An admin write's request id was used before by an admin write with other content (a
+    /// retry must resend the same write; a new write needs a fresh id).
+    #[error(
+        "request_id {request_id:?} was used by another admin write with other content; a new \
+         write needs a fresh id"
+    )]
+    AdminRequestIdReused {
+        /// The reused id.
+        request_id: String,
+    },
 }
 
 /// How an allocation ended.

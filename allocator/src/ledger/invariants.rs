@@ -153,6 +153,9 @@ impl Ledger {
         if self.index != KeyIndex::of(&self.keys, asks) {
             return broken("the key index differs from the keys it indexes".into());
         }
+        if !self.admin.consistent() {
+            return broken("admin answers and their time queue differ".into());
+        }
         Ok(())
     }
 

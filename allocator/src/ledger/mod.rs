@@ -23,6 +23,7 @@
 //!   part grow (`handoff`); Σ parts held never exceeds the whole.
 
 mod acquire;
+mod admin;
 mod calendar;
 mod decide;
 mod division;
@@ -36,6 +37,7 @@ mod sources;
 mod tables;
 mod types;
 
+pub use admin::{ADMIN_RETENTION_MS, MAX_REMEMBERED_ADMIN};
 pub use calendar::period_bounds;
 pub use error::{Ended, LedgerError, Table};
 pub use fair_share::{fair_part, one_token_ppm, region_parts, RegionClaim};
@@ -219,6 +221,8 @@ pub struct Ledger {
     /// (holder, request id) → (time, answer).
     requests: BTreeMap<(String, String), (u64, Response)>,
     request_times: BTreeSet<(u64, String, String)>,
+    /// Admin write answers by client request id (`admin`).
+    admin: admin::AdminRequests,
     violations: Violations,
     /// Indexes derived from `keys` and `demands` (`tables`); rebuilt on restore.
     #[serde(skip)]
@@ -235,16 +239,23 @@ impl Ledger {
         self.last_ms = now;
         self.expire(now);
         self.forget_requests(now);
+        self.forget_admin(now);
         let r = match cmd {
             Command::PutPolicy {
                 yaml,
                 expected_version,
-            } => self.put_policy(yaml, *expected_version, now),
+                request_id,
+            } => self.admin_write(cmd, request_id, now, |l| {
+                l.put_policy(yaml, *expected_version, now)
+            }),
             Command::SetShares {
                 policy,
                 shares,
                 config_version,
-            } => self.set_shares(policy, shares, *config_version, now),
+                request_id,
+            } => self.admin_write(cmd, request_id, now, |l| {
+                l.set_shares(policy, shares, *config_version, now)
+            }),
             Command::Acquire(a) => self.acquire(a, now),
             Command::Report {
                 allocation_id,
@@ -507,6 +518,8 @@ mod scenarios;
 #[cfg(test)]
 mod tests;
 
+#[cfg(test)]
+mod tests_admin;
 #[cfg(test)]
 mod tests_decide;
 #[cfg(test)]

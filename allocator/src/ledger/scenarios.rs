@@ -94,6 +94,7 @@ impl Driver {
             &Command::PutPolicy {
                 yaml: yaml.into(),
                 expected_version: 0,
+                request_id: String::new(),
             },
             T0,
         );

@@ -7,8 +7,9 @@
 //!   evicted to make room, else the new key is refused;
 //! * regions per policy key: `lease.max_regions`; holders whose recent asks are kept per key and
 //!   region: `lease.max_holders` (asks older than the idle window do not count);
-//! * remembered answers of Acquire / Decide: [`super::MAX_REMEMBERED_REQUESTS`] (a cache: the
-//!   oldest are forgotten first, counted as evicted when before their retention ended).
+//! * remembered answers of Acquire / Decide: [`super::MAX_REMEMBERED_REQUESTS`], and of admin
+//!   writes: [`super::MAX_REMEMBERED_ADMIN`] (caches: the oldest are forgotten first, counted as
+//!   evicted when before their retention ended).
 //!
 //! A refused insert answers [`LedgerError::TableFull`] naming the full table (RESOURCE_EXHAUSTED
 //! on the wire) and changes no state; each refusal is counted ([`TableStats`], shown by
@@ -43,15 +44,18 @@ pub enum TableKind {
     Holders,
     /// Remembered Acquire and Decide answers, by (holder, request id).
     Requests,
+    /// Remembered admin write answers, by request id.
+    AdminRequests,
 }
 
 impl TableKind {
     /// Every table, in the order they are reported.
-    pub const ALL: [TableKind; 4] = [
+    pub const ALL: [TableKind; 5] = [
         TableKind::Keys,
         TableKind::Regions,
         TableKind::Holders,
         TableKind::Requests,
+        TableKind::AdminRequests,
     ];
 
     /// The table's name in status (and in `ErrorDetail.table` for the tables that refuse).
@@ -61,6 +65,7 @@ impl TableKind {
             TableKind::Regions => "regions",
             TableKind::Holders => "holders",
             TableKind::Requests => "requests",
+            TableKind::AdminRequests => "admin_requests",
         }
     }
 }
@@ -402,6 +407,7 @@ impl Ledger {
                     TableKind::Regions => self.index.regions,
                     TableKind::Holders => self.index.asks,
                     TableKind::Requests => self.requests.len() as u64,
+                    TableKind::AdminRequests => self.admin.len() as u64,
                 },
                 counters: self.stats.counters(t),
             })

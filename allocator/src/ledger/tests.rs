@@ -69,6 +69,7 @@ pub(super) fn ledger(yaml: &str) -> Ledger {
         &Command::PutPolicy {
             yaml: yaml.into(),
             expected_version: 0,
+            request_id: String::new(),
         },
         T0,
     );
@@ -476,6 +477,7 @@ fn versioned_handoff_moves_share_only_after_old_allocations_end() {
                 },
             ],
             config_version: 1,
+            request_id: String::new(),
         },
         T0 + 1,
     );
@@ -508,6 +510,7 @@ fn versioned_handoff_moves_share_only_after_old_allocations_end() {
             policy: "global-1000".into(),
             shares: vec![],
             config_version: 1,
+            request_id: String::new(),
         },
         T0 + 2,
     );
@@ -545,6 +548,7 @@ fn versioned_handoff_moves_share_only_after_old_allocations_end() {
                 share: Share::Ppm(500_000),
             }],
             config_version: 2,
+            request_id: String::new(),
         },
         T0 + 1_001,
     );
@@ -572,6 +576,7 @@ fn handoff_also_completes_when_the_old_allocation_expires() {
                 },
             ],
             config_version: 1,
+            request_id: String::new(),
         },
         T0 + 1,
     );
@@ -634,6 +639,7 @@ fn sliding_algorithms_cannot_be_leased_globally() {
         &Command::PutPolicy {
             yaml: yaml.into(),
             expected_version: 0,
+            request_id: String::new(),
         },
         T0,
     );
@@ -653,6 +659,7 @@ fn sliding_algorithms_cannot_be_leased_globally() {
         &Command::PutPolicy {
             yaml: local.into(),
             expected_version: 0,
+            request_id: String::new(),
         },
         T0,
     );
@@ -675,9 +682,9 @@ fn bad_input_is_refused_precisely_and_changes_nothing() {
         (Command::Acquire(Acquire { key: PolicyKey { domain: "api".into(), entries: vec![("tenant".into(), String::new())] }, region: "eu-west".into(), holder: "h".into(), want: T, demand_per_s: 0, request_id: "x".into() }), "BadInput"),
         (Command::Acquire(Acquire { key: PolicyKey { domain: "api".into(), entries: vec![("user".into(), "u".into())] }, region: "eu-west".into(), holder: "h".into(), want: T, demand_per_s: 0, request_id: "x".into() }), "NoMatchingLimit"),
         (Command::Acquire(Acquire { key: key("acme"), region: "eu-west".into(), holder: String::new(), want: T, demand_per_s: 0, request_id: "x".into() }), "BadInput"),
-        (Command::PutPolicy { yaml: "domain: api\ndescriptors: [{key: k, rate_limit: {unit: second, requests_per_unit: 0}}]\n".into(), expected_version: 1 }, "BadInput"),
-        (Command::PutPolicy { yaml: REGIONAL.into(), expected_version: 7 }, "PolicyVersionMismatch"),
-        (Command::SetShares { policy: "nope".into(), shares: vec![], config_version: 1 }, "UnknownPolicy"),
+        (Command::PutPolicy { yaml: "domain: api\ndescriptors: [{key: k, rate_limit: {unit: second, requests_per_unit: 0}}]\n".into(), expected_version: 1, request_id: String::new(), }, "BadInput"),
+        (Command::PutPolicy { yaml: REGIONAL.into(), expected_version: 7, request_id: String::new(), }, "PolicyVersionMismatch"),
+        (Command::SetShares { policy: "nope".into(), shares: vec![], config_version: 1, request_id: String::new(), }, "UnknownPolicy"),
         (Command::Release { allocation_id: 12, epoch: 1, holder: "h".into(), final_spend: 0 }, "UnknownAllocation"),
     ];
     for (cmd, want) in cases {
@@ -947,6 +954,7 @@ fn a_release_refunds_only_into_what_its_grant_was_charged() {
             &Command::PutPolicy {
                 yaml: yaml.into(),
                 expected_version: v,
+                request_id: String::new(),
             },
             t,
         );
@@ -1038,6 +1046,7 @@ fn a_share_below_one_token_is_refused_where_it_is_set() {
         &Command::PutPolicy {
             yaml: tiny,
             expected_version: 0,
+            request_id: String::new(),
         },
         T0,
     );
@@ -1064,6 +1073,7 @@ fn a_share_below_one_token_is_refused_where_it_is_set() {
             share: Share::Ppm(ppm),
         }],
         config_version: 2,
+        request_id: String::new(),
     };
     // At the time of the last entry, so only the refusal itself could change anything.
     let r = l.apply_at(&set(20_000), T0);

@@ -72,6 +72,9 @@ pub enum Command {
         yaml: String,
         /// Version the caller expects to replace (0 for a new domain).
         expected_version: u64,
+        /// Client-chosen id (≤ 256 bytes): a retry with the same id and content answers the
+        /// first success, applied once (`admin`); empty: no deduplication.
+        request_id: String,
     },
     /// Set a policy's regional shares (versioned handoff, seed §22).
     SetShares {
@@ -81,6 +84,8 @@ pub enum Command {
         shares: Vec<ShareSpec>,
         /// Must be greater than the policy's current share version.
         config_version: u64,
+        /// Client-chosen id, as [`Command::PutPolicy`]'s.
+        request_id: String,
     },
     /// Lease tokens.
     Acquire(Acquire),

@@ -55,6 +55,7 @@ mod tests {
         let put = Command::PutPolicy {
             yaml: POLICY.into(),
             expected_version: 0,
+            request_id: String::new(),
         };
         assert!(matches!(
             l.apply(&put, 1_000),

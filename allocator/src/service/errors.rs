@@ -33,7 +33,9 @@ pub fn ledger_error(e: &LedgerError) -> (Code, pb::ErrorDetail) {
     let with = |reason| detail(reason, message.clone());
     match e {
         E::BadInput { field, .. } => (Code::InvalidArgument, bad_input(field, message)),
-        E::RequestIdReused { .. } => (Code::InvalidArgument, bad_input("request_id", message)),
+        E::RequestIdReused { .. } | E::AdminRequestIdReused { .. } => {
+            (Code::InvalidArgument, bad_input("request_id", message))
+        }
         E::LimitNameTaken { .. } => (Code::InvalidArgument, bad_input("yaml", message)),
         E::SharesOverfull { .. } => (Code::InvalidArgument, bad_input("shares", message)),
         E::Unlimited { .. } => (Code::InvalidArgument, bad_input("key", message)),
@@ -212,6 +214,13 @@ mod tests {
                 Code::InvalidArgument,
                 ErrorReason::BadInput,
             ),
+            (
+                E::AdminRequestIdReused {
+                    request_id: s("put-1"),
+                },
+                Code::InvalidArgument,
+                ErrorReason::BadInput,
+            ),
         ]
     }
 
@@ -223,7 +232,9 @@ mod tests {
             assert_eq!(d.message, e.to_string());
             match &e {
                 LedgerError::BadInput { field, .. } => assert_eq!(&d.field, field),
-                LedgerError::RequestIdReused { .. } => assert_eq!(d.field, "request_id"),
+                LedgerError::RequestIdReused { .. } | LedgerError::AdminRequestIdReused { .. } => {
+                    assert_eq!(d.field, "request_id")
+                }
                 LedgerError::AllocationEnded { how, .. } => assert_eq!(d.ended, how.as_str()),
                 LedgerError::TableFull { .. } => assert_eq!(d.table, "policy_keys"),
                 _ => assert!(d.ended.is_empty() && d.table.is_empty()),

@@ -1,9 +1,13 @@
 //! Allocator administration over gRPC (`allot.v1.Allocator`): cluster membership, policies,
 //! region shares and per-key status. Every command talks to one node (`--addr`); a follower
 //! forwards writes to the leader, and when it cannot, the error shows the leader hint.
+//! `policy put` and `shares set` send a fresh request id and retry with it across leader
+//! changes until `--timeout-ms` ([`retry`]): a write applies once, and a retry of one that
+//! committed answers its success.
 
 mod parse;
 mod render;
+pub mod retry;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -32,7 +36,7 @@ pub struct Target {
     /// Allocator node address, HOST:PORT (any node; a follower forwards to the leader).
     #[arg(long)]
     addr: String,
-    /// Give up on a call after this many milliseconds.
+    /// Give up on a call after this many milliseconds (writes: with every retry).
     #[arg(long, default_value_t = 10_000)]
     timeout_ms: u64,
 }
@@ -139,19 +143,54 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
 }
 
 async fn connect(t: &Target) -> Result<AllocatorClient<Channel>> {
-    let uri = if t.addr.contains("://") {
-        t.addr.clone()
+    connect_to(&t.addr, t.timeout_ms).await
+}
+
+async fn connect_to(addr: &str, timeout_ms: u64) -> Result<AllocatorClient<Channel>> {
+    let uri = if addr.contains("://") {
+        addr.to_string()
     } else {
-        format!("http://{}", t.addr)
+        format!("http://{addr}")
     };
     let channel = Endpoint::from_shared(uri)
-        .with_context(|| format!("bad address {:?}", t.addr))?
+        .with_context(|| format!("bad address {addr:?}"))?
         .connect_timeout(Duration::from_secs(3))
-        .timeout(Duration::from_millis(t.timeout_ms))
+        .timeout(Duration::from_millis(timeout_ms))
         .connect()
         .await
-        .with_context(|| format!("cannot connect to {}", t.addr))?;
+        .with_context(|| format!("cannot connect to {addr}"))?;
     Ok(AllocatorClient::new(channel))
+}
+
+/// Sends one admin write with retries ([`retry::with_retries`]): `send` makes one attempt
+/// with a client of the node it is given and the time left.
+async fn write<T, F, Fut>(t: &Target, send: F) -> Result<T>
+where
+    F: Fn(AllocatorClient<Channel>, Duration) -> Fut,
+    Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+{
+    let timeout_ms = t.timeout_ms;
+    retry::with_retries(&t.addr, Duration::from_millis(timeout_ms), |addr, left| {
+        let send = &send;
+        async move {
+            let c = connect_to(&addr, timeout_ms)
+                .await
+                .map_err(retry::Failure::Connect)?;
+            send(c, left)
+                .await
+                .map(tonic::Response::into_inner)
+                .map_err(retry::Failure::Remote)
+        }
+    })
+    .await
+    .map_err(retry::Failure::into_error)
+}
+
+/// `body` as one attempt's request, given the time left.
+fn attempt<T>(body: T, left: Duration) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(body);
+    r.set_timeout(left);
+    r
 }
 
 fn remote(s: tonic::Status) -> anyhow::Error {
@@ -232,17 +271,17 @@ pub fn policy(cmd: PolicyCommand) -> Result<()> {
     } = cmd;
     let yaml = std::fs::read_to_string(&file)
         .with_context(|| format!("cannot read {}", file.display()))?;
+    let body = pb::PutPolicyRequest {
+        yaml,
+        expected_version,
+        request_id: retry::fresh_request_id(),
+    };
     runtime()?.block_on(async {
-        let r = connect(&target)
-            .await?
-            .put_policy(pb::PutPolicyRequest {
-                yaml,
-                expected_version,
-                request_id: String::new(),
-            })
-            .await
-            .map_err(remote)?
-            .into_inner();
+        let r = write(&target, |mut c, left| {
+            let req = attempt(body.clone(), left);
+            async move { c.put_policy(req).await }
+        })
+        .await?;
         println!("policy {} is at version {}", r.policy, r.version);
         Ok(())
     })
@@ -259,18 +298,18 @@ pub fn shares(cmd: SharesCommand) -> Result<()> {
         shares,
         config_version,
     } = cmd;
+    let body = pb::SetSharesRequest {
+        policy: policy.clone(),
+        shares,
+        config_version,
+        request_id: retry::fresh_request_id(),
+    };
     runtime()?.block_on(async {
-        let r = connect(&target)
-            .await?
-            .set_shares(pb::SetSharesRequest {
-                policy: policy.clone(),
-                shares,
-                config_version,
-                request_id: String::new(),
-            })
-            .await
-            .map_err(remote)?
-            .into_inner();
+        let r = write(&target, |mut c, left| {
+            let req = attempt(body.clone(), left);
+            async move { c.set_shares(req).await }
+        })
+        .await?;
         println!(
             "shares of {policy} set (config version {})",
             r.config_version
