@@ -198,7 +198,7 @@ async fn admin_commands_drive_a_cluster() {
     let out = allotctl(dir.path(), &["cluster", "status", "--addr", &a(leader)]).await;
     let s = text(&out.stdout);
     assert!(
-        s.contains("table keys: 0 entries, 0 refused, 0 evicted"),
+        s.contains("table policy_keys: 0 entries, 0 refused, 0 evicted"),
         "{s}"
     );
 
