@@ -621,6 +621,7 @@ impl Allocator for AllocatorService {
         _req: Request<pb::ClusterStatusRequest>,
     ) -> Result<Response<pb::ClusterStatusResponse>, Status> {
         let m = self.node.raft().metrics().borrow().clone();
+        let skew = self.node.clock_skew();
         let membership = m.membership_config.membership();
         let voter_ids: std::collections::BTreeSet<u64> = membership.voter_ids().collect();
         let mut voters = Vec::new();
@@ -657,6 +658,8 @@ impl Allocator for AllocatorService {
                 .iter()
                 .map(table_usage)
                 .collect(),
+            clock_skew_ms: skew.skew_ms,
+            clock_skew_beyond_max: skew.beyond_max,
         }))
     }
 }

@@ -12,6 +12,8 @@
 //! - `daemon`: a complete node as the binary runs it: init, policy files, the leader's tick.
 //! - `batch`: Batch and Decide with group commit: per-item answers, forwarding, a leader change
 //!   under batched load, overload and deadlines.
+//! - `ledger_time`: nodes with their own manual clocks: a new leader whose clock is ahead (3 s,
+//!   a day) neither refills early, nor expires live allocations, nor freezes ledger time.
 
 #[path = "cluster/support.rs"]
 mod support;
@@ -39,3 +41,6 @@ mod daemon;
 
 #[path = "cluster/batch.rs"]
 mod batch;
+
+#[path = "cluster/ledger_time.rs"]
+mod ledger_time;

@@ -1,9 +1,10 @@
 //! One complete allocator node as the `allot-allocator` binary runs it: the Raft [`Node`] over
 //! the [`Ledger`], the `allot.v1.Allocator` API on the same gRPC server as Raft, the leader's
-//! [`ticker`], and the [`policy_files`] installer. Tests and benchmarks start the same thing.
+//! [`ticker`], the [`skew_watch`] clock check and the [`policy_files`] installer. Tests and benchmarks start the same thing.
 
 pub mod config_file;
 pub mod policy_files;
+pub mod skew_watch;
 pub mod ticker;
 
 use std::collections::BTreeMap;
@@ -29,7 +30,7 @@ pub struct DaemonConfig {
     pub members: BTreeMap<NodeId, String>,
     /// Initialise a new cluster of `members` when this node's log is empty.
     pub init: bool,
-    /// Period of the leader's `Tick` proposals.
+    /// Period of the leader's `Tick` proposals, and of every node's clock skew check.
     pub tick_every: Duration,
     /// Policy documents to install when this node first leads (see
     /// [`policy_files::spawn_installer`]).
@@ -56,8 +57,9 @@ pub struct Daemon {
 
 impl Daemon {
     /// Opens the node's storage, starts Raft, serves Raft and the allocator API on `listener`,
-    /// initialises the cluster if asked and the log is empty, and starts the ticker and the
-    /// policy installer. `clock` stamps proposals and status reads.
+    /// initialises the cluster if asked and the log is empty, and starts the ticker, the clock
+    /// skew check and the policy installer. `clock` (wall and monotonic) bounds the stamps of
+    /// proposals (see [`crate::raft::ledger_time`]) and gives the time of status reads.
     ///
     /// # Errors
     /// [`DaemonError::Config`] when `init` is set but this node is not among `members` or the
@@ -132,6 +134,7 @@ impl Daemon {
 
         let tasks = vec![
             ticker::spawn_ticker(node.clone(), config.tick_every),
+            skew_watch::spawn_skew_watch(node.clone(), config.tick_every),
             policy_files::spawn_installer(node.clone(), config.policies),
         ];
         Ok(Self {

@@ -308,6 +308,17 @@ impl Ledger {
         self.docs.get(domain).map(|d| d.yaml.as_str())
     }
 
+    /// The smallest `lease.max_drift_ms` of the rules in force, ms: the tightest clock margin
+    /// the ledger allows; `None` without policies. Nodes warn when their clock is further off
+    /// ledger time than this (issue 10 item 2).
+    pub fn min_max_drift_ms(&self) -> Option<u64> {
+        self.parsed
+            .values()
+            .flat_map(|d| d.rules.iter())
+            .map(|r| r.lease.max_drift_ms)
+            .min()
+    }
+
     /// An allocation by id.
     pub fn allocation(&self, id: u64) -> Option<&Allocation> {
         self.allocations.get(&id)

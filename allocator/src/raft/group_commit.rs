@@ -25,7 +25,7 @@ use tokio::sync::{mpsc, oneshot, watch, Semaphore};
 use tokio::time::Instant;
 
 use super::app::App;
-use super::clock::Clock;
+use super::ledger_time::LedgerTime;
 use super::node::{write_error, ClientError};
 use super::types::typ::Raft;
 use super::types::Stamped;
@@ -133,15 +133,15 @@ impl Drop for FlushHold {
 }
 
 impl<A: Batching> GroupCommit<A> {
-    /// Starts the flusher of `raft`, stamping entries with `clock`. Zero settings are raised
+    /// Starts the flusher of `raft`, stamping entries from `time`. Zero settings are raised
     /// to 1. Must be called inside a tokio runtime.
-    pub(super) fn start(raft: Raft<A>, clock: Arc<dyn Clock>, config: GroupCommitConfig) -> Self {
+    pub(super) fn start(raft: Raft<A>, time: Arc<LedgerTime>, config: GroupCommitConfig) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
         let queued = Arc::new(AtomicUsize::new(0));
         let (holds, hold_rx) = watch::channel(0usize);
         let flusher = Flusher {
             raft,
-            clock,
+            time,
             rx,
             queued: queued.clone(),
             holds: hold_rx,
@@ -217,7 +217,7 @@ impl<A: Batching> GroupCommit<A> {
 /// The task that drains the queue into entries.
 struct Flusher<A: Batching> {
     raft: Raft<A>,
-    clock: Arc<dyn Clock>,
+    time: Arc<LedgerTime>,
     rx: mpsc::UnboundedReceiver<Call<A>>,
     queued: Arc<AtomicUsize>,
     holds: watch::Receiver<usize>,
@@ -263,7 +263,7 @@ impl<A: Batching> Flusher<A> {
                 replies.push(c.reply);
             }
             let entry = Stamped {
-                now_ms: self.clock.now_ms(),
+                now_ms: self.time.stamp(),
                 cmd: A::batch(cmds),
             };
             let raft = self.raft.clone();

@@ -9,7 +9,9 @@
 //! - [`network_out`] / [`network_in`]: the gRPC transport, client and server halves.
 //! - [`node`]: one allocator node tying the above together ([`Node`]).
 //! - [`group_commit`]: the leader's group commit, many commands per entry ([`GroupCommit`]).
-//! - [`clock`]: the injected wall clock used to stamp proposals.
+//! - [`clock`]: the injected wall and monotonic clocks.
+//! - [`ledger_time`]: the stamp a node proposes, never ahead of real time ([`LedgerTime`]).
+//! - [`skew`]: this node's wall clock against ledger time, warned about and counted.
 //! - `ledger_app`: the glue making the pure [`Ledger`](crate::ledger::Ledger) the replicated
 //!   [`App`] (apply at the stamped time, snapshot encoding, group commit batching).
 //! - `test_app` (tests, or the `testing` feature): a tiny [`App`] used to exercise this layer
@@ -20,10 +22,12 @@ pub mod clock;
 mod codec;
 pub mod group_commit;
 mod ledger_app;
+pub mod ledger_time;
 pub mod log_store;
 pub mod network_in;
 pub mod network_out;
 pub mod node;
+pub mod skew;
 pub mod state_machine;
 #[cfg(any(test, feature = "testing"))]
 pub mod test_app;
@@ -32,9 +36,11 @@ pub mod types;
 pub use app::{App, AppError};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use group_commit::{Batching, CommitError, FlushHold, GroupCommit, GroupCommitConfig};
+pub use ledger_time::LedgerTime;
 pub use log_store::SledLogStore;
 pub use network_in::RaftServiceHandler;
 pub use network_out::{ChannelFactory, GrpcNetworkFactory, LazyTcpChannels};
 pub use node::{open_db, AlreadyServing, ClientError, Node, NodeConfig, NodeError, RaftTimings};
+pub use skew::{SkewCheck, SkewStatus};
 pub use state_machine::{SledStateMachine, StateMachineHandle};
 pub use types::{AllotRaft, NodeId, Stamped};

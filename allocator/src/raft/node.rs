@@ -23,9 +23,11 @@ use tonic::transport::server::Connected;
 use super::app::App;
 use super::clock::Clock;
 use super::group_commit::{Batching, GroupCommit, GroupCommitConfig};
+use super::ledger_time::LedgerTime;
 use super::log_store::SledLogStore;
 use super::network_in::RaftServiceHandler;
 use super::network_out::{ChannelFactory, GrpcNetworkFactory, LazyTcpChannels};
+use super::skew::{SkewCheck, SkewMonitor, SkewStatus};
 use super::state_machine::{SledStateMachine, StateMachineError, StateMachineHandle};
 use super::types::typ::Raft;
 use super::types::{AllotRaft, NodeId, Stamped};
@@ -136,7 +138,9 @@ pub struct Node<A: App> {
     addr: String,
     raft: Raft<A>,
     state: StateMachineHandle<A>,
-    clock: Arc<dyn Clock>,
+    /// Stamps proposals: this node's clocks bounded by what it applied (issue 10 item 2).
+    time: Arc<LedgerTime>,
+    skew: SkewMonitor,
     db: sled::Db,
     server: Mutex<Option<Server>>,
 }
@@ -227,8 +231,9 @@ impl<A: App> Node<A> {
         };
         let db = open_db(&config.data_dir).await.map_err(open_err)?;
         let log_store = SledLogStore::<AllotRaft<A>>::open(&db).map_err(open_err)?;
-        let state_machine = SledStateMachine::<A>::open(&db)?;
+        let state_machine = SledStateMachine::<A>::open_with_clock(&db, clock)?;
         let state = state_machine.handle();
+        let time = state_machine.ledger_time();
         let network = GrpcNetworkFactory::<A>::new(config.id, channels);
 
         let raft = openraft::Raft::new(
@@ -246,7 +251,8 @@ impl<A: App> Node<A> {
             addr: config.advertise_addr,
             raft,
             state,
-            clock,
+            time,
+            skew: SkewMonitor::default(),
             db,
             server: Mutex::new(None),
         })
@@ -363,8 +369,10 @@ impl<A: App> Node<A> {
         }
     }
 
-    /// Proposes `cmd` stamped with this node's clock and returns the application's response
-    /// once the entry is committed and applied.
+    /// Proposes `cmd` stamped with this node's ledger time ([`LedgerTime::stamp`]: its wall
+    /// clock, never ahead of the real time elapsed since the stamps it applied, never behind
+    /// the last one) and returns the application's response once the entry is committed and
+    /// applied.
     ///
     /// # Errors
     /// [`ClientError::NotLeader`] (with the leader's id and address when known) if this node is
@@ -372,7 +380,7 @@ impl<A: App> Node<A> {
     /// otherwise.
     pub async fn propose(&self, cmd: A::Command) -> Result<A::Response, ClientError> {
         let entry = Stamped {
-            now_ms: self.clock.now_ms(),
+            now_ms: self.time.stamp(),
             cmd,
         };
         let response = self.raft.client_write(entry).await.map_err(write_error)?;
@@ -383,14 +391,31 @@ impl<A: App> Node<A> {
 
     /// Starts group commit for this node (issue 9 item 3): commands submitted to the returned
     /// queue from any number of concurrent callers are proposed together, one batch command per
-    /// entry, stamped with this node's clock. See [`GroupCommit`] for the flushing, overload
+    /// entry, stamped with this node's ledger time as [`Node::propose`] does. See [`GroupCommit`] for the flushing, overload
     /// and deadline rules. Proposals through [`Node::propose`] stay unbatched. Must be called
     /// inside a tokio runtime; the flusher stops when the last clone of the queue is dropped.
     pub fn group_commit(&self, config: GroupCommitConfig) -> GroupCommit<A>
     where
         A: Batching,
     {
-        GroupCommit::start(self.raft.clone(), self.clock.clone(), config)
+        GroupCommit::start(self.raft.clone(), self.time.clone(), config)
+    }
+
+    /// This node's view of ledger time: the stamps it proposes and its clock skew.
+    pub fn ledger_time(&self) -> &LedgerTime {
+        &self.time
+    }
+
+    /// Measures this node's clock skew against ledger time now and records it in
+    /// [`Node::clock_skew`]; warns (at most once per [`super::skew::WARN_EVERY_NS`]) when it
+    /// exceeds `max_ms`, the drift the policies in force allow. Call it periodically.
+    pub fn check_clock_skew(&self, max_ms: u64) -> SkewCheck {
+        self.skew.check(&self.time, max_ms)
+    }
+
+    /// The last measured clock skew and how many checks found it beyond the allowed drift.
+    pub fn clock_skew(&self) -> SkewStatus {
+        self.skew.status()
     }
 
     /// Adds node `id` reachable at `addr` ("host:port") as a learner (a non-voting member that

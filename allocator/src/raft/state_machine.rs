@@ -22,7 +22,9 @@ use parking_lot::{Mutex, RwLock};
 use serde::{Deserialize, Serialize};
 
 use super::app::{App, AppError};
+use super::clock::{Clock, SystemClock};
 use super::codec::{decode, encode};
+use super::ledger_time::LedgerTime;
 use super::types::{AllotRaft, NodeId, Stamped};
 
 /// Name of the sled tree holding the state machine's snapshot.
@@ -123,15 +125,30 @@ pub struct SledStateMachine<A> {
     /// builder task and snapshot installation, so an older snapshot never overwrites a newer one.
     store_lock: Arc<Mutex<()>>,
     snapshot_seq: Arc<AtomicU64>,
+    /// This node's view of ledger time, told of every stamp applied, restored or installed.
+    time: Arc<LedgerTime>,
 }
 
 impl<A: App> SledStateMachine<A> {
+    /// [`SledStateMachine::open_with_clock`] with the system clocks.
+    ///
+    /// # Errors
+    /// As [`SledStateMachine::open_with_clock`].
+    pub fn open(db: &sled::Db) -> Result<Self, StateMachineError> {
+        Self::open_with_clock(db, Arc::new(SystemClock))
+    }
+
     /// Opens the state machine in `db`, restoring it from the stored snapshot if there is one.
+    /// `clock`'s monotonic time anchors the stamps it applies (see [`Self::ledger_time`]); the
+    /// restored snapshot's last stamp is anchored at the moment of loading.
     ///
     /// # Errors
     /// [`StateMachineError`] when the tree cannot be read or the stored snapshot does not decode
     /// or restore.
-    pub fn open(db: &sled::Db) -> Result<Self, StateMachineError> {
+    pub fn open_with_clock(
+        db: &sled::Db,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Self, StateMachineError> {
         let tree = db.open_tree(SM_TREE)?;
         let state = match tree.get(KEY_SNAPSHOT)? {
             Some(bytes) => {
@@ -146,12 +163,20 @@ impl<A: App> SledStateMachine<A> {
                 app: A::default(),
             },
         };
+        let time = Arc::new(LedgerTime::new(clock));
+        time.applied(state.last_stamped_ms);
         Ok(Self {
             tree,
             state: Arc::new(RwLock::new(state)),
             store_lock: Arc::new(Mutex::new(())),
             snapshot_seq: Arc::new(AtomicU64::new(0)),
+            time,
         })
+    }
+
+    /// This node's view of ledger time, which proposers stamp entries from (issue 10 item 2).
+    pub fn ledger_time(&self) -> Arc<LedgerTime> {
+        self.time.clone()
     }
 
     /// A read handle sharing this state machine's state.
@@ -261,6 +286,8 @@ impl<A: App> RaftStateMachine<AllotRaft<A>> for SledStateMachine<A> {
                     // way, so all compute the same state.
                     let now_ms = now_ms.max(state.last_stamped_ms);
                     state.last_stamped_ms = now_ms;
+                    // Node-local: anchors this node's next stamps; `apply` never sees it.
+                    self.time.applied(now_ms);
                     responses.push(Some(state.app.apply(&cmd, now_ms)));
                 }
                 EntryPayload::Membership(membership) => {
@@ -314,7 +341,9 @@ impl<A: App> RaftStateMachine<AllotRaft<A>> for SledStateMachine<A> {
             .flush_async()
             .await
             .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), &e))?;
+        let stamp = new_state.last_stamped_ms;
         *self.state.write() = new_state;
+        self.time.applied(stamp);
         Ok(())
     }
 
@@ -343,6 +372,7 @@ mod tests {
 
     use super::*;
     use crate::raft::test_app::{CounterApp, CounterCmd};
+    use crate::raft::ManualClock;
 
     fn temp_db() -> (tempfile::TempDir, sled::Db) {
         let dir = tempfile::tempdir().expect("tempdir");
@@ -490,6 +520,55 @@ mod tests {
             .expect("read")
             .expect("some");
         assert_eq!(current.meta.last_log_id, Some(log_id(2)));
+    }
+
+    /// Issue 10 item 2: the stamps a node proposes follow what it applied, restored or installed,
+    /// at its own monotonic time of doing so; its wall clock alone counts only before that.
+    #[tokio::test]
+    async fn applied_restored_and_installed_stamps_anchor_the_next_stamp() {
+        let (dir, db) = temp_db();
+        let clock = ManualClock::with_monotonic(1_000_000, 0);
+        let mut sm = SledStateMachine::<CounterApp>::open_with_clock(&db, Arc::new(clock.clone()))
+            .expect("open");
+        let time = sm.ledger_time();
+        assert_eq!(time.stamp(), 1_000_000, "nothing applied: the wall clock");
+        sm.apply([add(1, 100, 1)]).await.expect("apply");
+        assert_eq!(time.stamp(), 100, "a wall clock far ahead is not followed");
+        clock.advance(50);
+        assert_eq!(time.stamp(), 150, "real time elapsed since the apply");
+        let snapshot = sm
+            .get_snapshot_builder()
+            .await
+            .build_snapshot()
+            .await
+            .expect("build");
+        drop((sm, time, db));
+
+        // A restart: a new monotonic origin, a day of downtime on the wall clock. The restored
+        // stamp anchors at load; the downtime is not counted.
+        let db = crate::raft::node::open_db(dir.path())
+            .await
+            .expect("reopen");
+        let clock = ManualClock::with_monotonic(86_400_000, 7_000_000_000);
+        let sm = SledStateMachine::<CounterApp>::open_with_clock(&db, Arc::new(clock.clone()))
+            .expect("open again");
+        assert_eq!(sm.ledger_time().stamp(), 100);
+        clock.advance(30);
+        assert_eq!(sm.ledger_time().stamp(), 130);
+
+        // A follower that installs the snapshot anchors it at its installation.
+        let (_dir2, db2) = temp_db();
+        let clock = ManualClock::with_monotonic(5_000, 3);
+        let mut other =
+            SledStateMachine::<CounterApp>::open_with_clock(&db2, Arc::new(clock.clone()))
+                .expect("open");
+        other
+            .install_snapshot(&snapshot.meta, snapshot.snapshot)
+            .await
+            .expect("install");
+        clock.advance(20);
+        assert_eq!(other.ledger_time().stamp(), 120);
+        assert_eq!(other.ledger_time().last_ms(), 100);
     }
 
     #[tokio::test]

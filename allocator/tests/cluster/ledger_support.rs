@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use allot_allocator::daemon::{Daemon, DaemonConfig};
 use allot_allocator::ledger::Ledger;
-use allot_allocator::raft::{GroupCommitConfig, NodeConfig, RaftTimings, SystemClock};
+use allot_allocator::raft::{Clock, GroupCommitConfig, NodeConfig, RaftTimings, SystemClock};
 use allot_proto::allot::v1 as pb;
 use allot_proto::allot::v1::allocator_client::AllocatorClient;
 use prost::Message;
@@ -130,6 +130,8 @@ pub struct LedgerCluster {
     pub daemons: BTreeMap<u64, Daemon>,
     /// Group commit settings of every node.
     commit: GroupCommitConfig,
+    /// Each node's clocks (the system clocks for a node not listed), kept across restarts.
+    clocks: BTreeMap<u64, Arc<dyn Clock>>,
 }
 
 impl LedgerCluster {
@@ -141,6 +143,16 @@ impl LedgerCluster {
 
     /// [`LedgerCluster::start`] with these group commit settings on every node.
     pub async fn start_with(ids: &[u64], commit: GroupCommitConfig) -> Self {
+        Self::start_with_clocks(ids, commit, BTreeMap::new()).await
+    }
+
+    /// [`LedgerCluster::start_with`] where node `id` reads `clocks[id]` (wall and monotonic)
+    /// instead of the system clocks, also after a restart.
+    pub async fn start_with_clocks(
+        ids: &[u64],
+        commit: GroupCommitConfig,
+        clocks: BTreeMap<u64, Arc<dyn Clock>>,
+    ) -> Self {
         let mut listeners = BTreeMap::new();
         let mut addrs = BTreeMap::new();
         for &id in ids {
@@ -153,6 +165,7 @@ impl LedgerCluster {
             addrs,
             daemons: BTreeMap::new(),
             commit,
+            clocks,
         };
         for (id, l) in listeners {
             c.spawn(id, l).await;
@@ -191,7 +204,12 @@ impl LedgerCluster {
             policies: Vec::new(),
         };
         let commit = Some(self.commit.clone());
-        let d = Daemon::start_with(config, Arc::new(SystemClock), listener, commit)
+        let clock = self
+            .clocks
+            .get(&id)
+            .cloned()
+            .unwrap_or_else(|| Arc::new(SystemClock));
+        let d = Daemon::start_with(config, clock, listener, commit)
             .await
             .expect("start node");
         self.daemons.insert(id, d);
@@ -251,6 +269,16 @@ impl LedgerCluster {
                 .metrics();
             let _ = tokio::time::timeout(Duration::from_millis(50), m.changed()).await;
         }
+    }
+
+    /// Lets node `id` start elections (`true`, the default) or not: with only one running node
+    /// allowed, a test decides who leads next once the leader is stopped.
+    pub fn allow_election(&self, id: u64, allowed: bool) {
+        self.daemons[&id]
+            .node()
+            .raft()
+            .runtime_config()
+            .elect(allowed);
     }
 
     /// A node other than the leader.

@@ -1,0 +1,228 @@
+//! Ledger time never runs faster than real time (issue 10 item 2), on a 3-node cluster of real
+//! ledgers whose nodes each read their own manual clocks: a wall clock each test sets apart from
+//! the others, and a monotonic clock that only moves when the test says real time passed.
+//!
+//! Which node leads next is decided by letting only that node start elections once the leader
+//! is stopped; waiting for the election is a bounded poll, and every stamp is exact.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use allot_allocator::daemon::skew_watch;
+use allot_allocator::ledger::AllocationState;
+use allot_allocator::raft::{Clock, GroupCommitConfig, ManualClock, SkewCheck};
+use allot_proto::allot::v1 as pb;
+
+use crate::ledger_support::{
+    acquire, exclusive, LedgerCluster, API_BURST, API_POLICY, API_RATE_PER_S, WAIT,
+};
+
+/// Every node's wall clock at the start, Unix ms.
+const W: u64 = 1_700_000_000_000;
+/// One token, microtokens.
+const T: u64 = 1_000_000;
+/// A day, ms.
+const DAY_MS: u64 = 86_400_000;
+
+/// One manual clock per node, all reading [`W`], each with its own monotonic origin (as
+/// separate processes have), and the same clocks as the cluster takes them.
+fn node_clocks(ids: &[u64]) -> (BTreeMap<u64, ManualClock>, BTreeMap<u64, Arc<dyn Clock>>) {
+    let manual: BTreeMap<u64, ManualClock> = ids
+        .iter()
+        .map(|&id| (id, ManualClock::with_monotonic(W, id * 7_000_000_000)))
+        .collect();
+    let shared = manual
+        .iter()
+        .map(|(&id, c)| (id, Arc::new(c.clone()) as Arc<dyn Clock>))
+        .collect();
+    (manual, shared)
+}
+
+/// Real time passes by `ms` on every node's clocks.
+fn real_time_passes(clocks: &BTreeMap<u64, ManualClock>, ms: u64) {
+    for c in clocks.values() {
+        c.advance(ms);
+    }
+}
+
+async fn put_api_policy(cluster: &LedgerCluster, leader: u64) {
+    cluster
+        .client(leader)
+        .put_policy(pb::PutPolicyRequest {
+            yaml: API_POLICY.into(),
+            expected_version: 0,
+            request_id: String::new(),
+        })
+        .await
+        .expect("policy accepted");
+}
+
+/// Acquires 10 tokens at a time for api/tenant=acme on `node` until it is denied; returns what
+/// was granted, in order.
+async fn drain(cluster: &LedgerCluster, node: u64, round: &str) -> Vec<pb::Grant> {
+    let mut grants = Vec::new();
+    for n in 0.. {
+        let rid = format!("{round}-{n}");
+        let r = cluster
+            .client(node)
+            .acquire(acquire("acme", "gw-a", 10 * T, &rid))
+            .await
+            .expect("acquire answered")
+            .into_inner();
+        match r.outcome {
+            Some(pb::acquire_response::Outcome::Grant(g)) => grants.push(g),
+            Some(pb::acquire_response::Outcome::Denial(_)) => break,
+            None => panic!("empty acquire response"),
+        }
+        assert!(n < 100, "the bucket never ran dry");
+    }
+    grants
+}
+
+fn total(grants: &[pb::Grant]) -> u64 {
+    grants.iter().map(|g| g.granted).sum()
+}
+
+/// Polls until node `id` applied a stamp above `above_ms` (an entry of the current leader);
+/// returns the ledger's time then.
+async fn stamp_above(cluster: &LedgerCluster, id: u64, above_ms: u64) -> u64 {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let now = cluster.daemons[&id].node().state().read(|l| l.last_ms());
+        if now > above_ms {
+            return now;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "node {id} applied no stamp above {above_ms} in time"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
+/// B + r·Δt for the API policy, microtokens.
+fn bound(elapsed_ms: u64) -> u64 {
+    API_BURST + API_RATE_PER_S * elapsed_ms / 1000
+}
+
+/// The issue's test: node 2's wall clock is 3 s ahead. A key drained on the old leader; 200 ms
+/// of real time later the leader is gone and node 2 leads. Its first Tick is stamped 200 ms
+/// after the last entry, not 3.2 s: the bucket refilled by r·200 ms (total granted ≤ B + r·Δt
+/// over real time), and the allocation granted on the old leader is still live.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_leader_whose_clock_is_ahead_neither_refills_early_nor_expires_live_allocations() {
+    let _exclusive = exclusive().await;
+    let (clocks, shared) = node_clocks(&[1, 2, 3]);
+    let mut cluster =
+        LedgerCluster::start_with_clocks(&[1, 2, 3], GroupCommitConfig::default(), shared).await;
+    let old = cluster.leader().await;
+    // Node 2 unless it happens to lead first (its clock must be the new leader's).
+    let ahead = if old == 2 { 3 } else { 2 };
+    let third = 6 - old - ahead;
+    clocks[&ahead].advance_wall(3_000);
+
+    put_api_policy(&cluster, old).await;
+    let before = drain(&cluster, old, "before").await;
+    assert_eq!(total(&before), API_BURST, "the full bucket, stamped at W");
+    let kept = before[0].allocation_id;
+
+    // The leader goes while nobody may start an election; 200 ms of real time pass; then only
+    // the node whose clock is ahead may.
+    cluster.allow_election(ahead, false);
+    cluster.allow_election(third, false);
+    cluster.stop(old).await;
+    real_time_passes(&clocks, 200);
+    cluster.allow_election(ahead, true);
+    assert_eq!(cluster.leader().await, ahead);
+
+    let first_tick = stamp_above(&cluster, ahead, W).await;
+    assert_eq!(
+        first_tick,
+        W + 200,
+        "ledger time moved by the real time elapsed, not by the new leader's wall clock"
+    );
+    let a = cluster
+        .ledger(ahead, |l| l.allocation(kept).cloned())
+        .await
+        .expect("the old allocation is kept");
+    assert_eq!(a.state, AllocationState::Live, "{a:?}");
+
+    let after = drain(&cluster, ahead, "after").await;
+    let granted = total(&before) + total(&after);
+    assert!(
+        granted <= bound(200),
+        "granted {granted} > B + r·Δt = {}",
+        bound(200)
+    );
+    assert!(granted > API_BURST, "the bucket refilled at real rate");
+
+    // The node whose clock is ahead says so; the others do not.
+    let check = skew_watch::check_once(cluster.daemons[&ahead].node());
+    assert!(
+        matches!(check, SkewCheck::Beyond { skew_ms: 3_000, .. }),
+        "{check:?}"
+    );
+    let status = cluster
+        .client(ahead)
+        .cluster_status(pb::ClusterStatusRequest {})
+        .await
+        .expect("cluster status")
+        .into_inner();
+    assert_eq!(status.clock_skew_ms, Some(3_000));
+    assert!(status.clock_skew_beyond_max >= 1);
+    let check = skew_watch::check_once(cluster.daemons[&third].node());
+    assert_eq!(check, SkewCheck::Within { skew_ms: 0 });
+
+    cluster.stop_all().await;
+}
+
+/// A leader whose wall clock is a day ahead neither pushes ledger time ahead while it leads nor
+/// freezes it after: refill continues at real rate under it and under the next leader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_far_future_leader_neither_jumps_nor_freezes_ledger_time() {
+    let _exclusive = exclusive().await;
+    let (clocks, shared) = node_clocks(&[1, 2, 3]);
+    let mut cluster =
+        LedgerCluster::start_with_clocks(&[1, 2, 3], GroupCommitConfig::default(), shared).await;
+    let first = cluster.leader().await;
+    let far = if first == 3 { 2 } else { 3 };
+    let other = 6 - first - far;
+    clocks[&far].advance_wall(DAY_MS);
+
+    put_api_policy(&cluster, first).await;
+    let mut granted = total(&drain(&cluster, first, "first").await);
+    assert_eq!(granted, API_BURST);
+
+    // The far-future node leads after 300 ms of real time.
+    cluster.allow_election(far, false);
+    cluster.allow_election(other, false);
+    cluster.stop(first).await;
+    real_time_passes(&clocks, 300);
+    cluster.allow_election(far, true);
+    assert_eq!(cluster.leader().await, far);
+    assert_eq!(stamp_above(&cluster, far, W).await, W + 300);
+    let while_far = total(&drain(&cluster, far, "far").await);
+    granted += while_far;
+    assert!(granted <= bound(300), "granted {granted} > {}", bound(300));
+    assert!(while_far > 0, "refill under the far-future leader");
+
+    // It loses leadership: the old leader comes back (for a quorum), the far one goes, 300 ms
+    // more pass, and the node that was up all along leads.
+    cluster.restart(first).await;
+    cluster.allow_election(first, false);
+    cluster.ledger(first, |_| ()).await;
+    cluster.stop(far).await;
+    real_time_passes(&clocks, 300);
+    cluster.allow_election(other, true);
+    assert_eq!(cluster.leader().await, other);
+    assert_eq!(stamp_above(&cluster, other, W + 300).await, W + 600);
+    let after = total(&drain(&cluster, other, "after").await);
+    granted += after;
+    assert!(
+        after > 0,
+        "ledger time is not frozen at the far-future stamp"
+    );
+    assert!(granted <= bound(600), "granted {granted} > {}", bound(600));
+
+    cluster.stop_all().await;
+}
