@@ -25,7 +25,7 @@ pub use deadline::{deadline_of, parse_grpc_timeout};
 pub use errors::ledger_error;
 
 use crate::ledger::{self, Command, Ledger, LedgerError, Response as LResp};
-use crate::raft::{ClientError, Clock, CommitError, GroupCommit, Node};
+use crate::raft::{ClientError, CommitError, GroupCommit, Node};
 use allot_proto::allot::v1 as pb;
 use allot_proto::allot::v1::allocator_client::AllocatorClient;
 use allot_proto::allot::v1::allocator_server::{Allocator, AllocatorServer};
@@ -53,7 +53,6 @@ pub const MAX_BATCH_ITEMS: usize = 4_096;
 /// The `allot.v1.Allocator` service of one node.
 pub struct AllocatorService {
     node: Arc<Node<Ledger>>,
-    clock: Arc<dyn Clock>,
     channels: Mutex<HashMap<String, Channel>>,
     /// `None`: every write is its own Raft entry (the unbatched path, kept for comparison).
     commit: Option<GroupCommit<Ledger>>,
@@ -61,15 +60,11 @@ pub struct AllocatorService {
 
 impl AllocatorService {
     /// A service committing through `node`'s group commit `commit` (or, with `None`, one entry
-    /// per write); `clock` gives the time status reads are computed at.
-    pub fn new(
-        node: Arc<Node<Ledger>>,
-        clock: Arc<dyn Clock>,
-        commit: Option<GroupCommit<Ledger>>,
-    ) -> Self {
+    /// per write). Status reads are computed at the stamp a write would get now (the node's
+    /// ledger time, never ahead of real time: see [`crate::raft::ledger_time`]).
+    pub fn new(node: Arc<Node<Ledger>>, commit: Option<GroupCommit<Ledger>>) -> Self {
         AllocatorService {
             node,
-            clock,
             channels: Mutex::new(HashMap::new()),
             commit,
         }
@@ -470,7 +465,9 @@ impl Allocator for AllocatorService {
             // may be stale.
             Err(e) => return Err(Status::unavailable(format!("no linearizable read: {e}"))),
         }
-        let now = self.clock.now_ms();
+        // The time a write would be stamped with now: a wall clock running ahead must not show
+        // a bucket refilled beyond what the ledger will grant.
+        let now = self.node.ledger_time().stamp();
         let s = self
             .node
             .state()

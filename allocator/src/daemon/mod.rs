@@ -59,7 +59,7 @@ impl Daemon {
     /// Opens the node's storage, starts Raft, serves Raft and the allocator API on `listener`,
     /// initialises the cluster if asked and the log is empty, and starts the ticker, the clock
     /// skew check and the policy installer. `clock` (wall and monotonic) bounds the stamps of
-    /// proposals (see [`crate::raft::ledger_time`]) and gives the time of status reads.
+    /// proposals (see [`crate::raft::ledger_time`]), which status reads are computed at.
     ///
     /// # Errors
     /// [`DaemonError::Config`] when `init` is set but this node is not among `members` or the
@@ -92,15 +92,10 @@ impl Daemon {
                 "node {id} initialises the cluster but is not among its members"
             )));
         }
-        let node = Node::open(
-            config.node,
-            clock.clone(),
-            Arc::new(LazyTcpChannels::default()),
-        )
-        .await?;
+        let node = Node::open(config.node, clock, Arc::new(LazyTcpChannels::default())).await?;
         let node = Arc::new(node);
         let commit = group_commit.map(|c| node.group_commit(c));
-        let api = AllocatorService::new(node.clone(), clock, commit.clone());
+        let api = AllocatorService::new(node.clone(), commit.clone());
         let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
         // A node opened just above cannot be serving already; the check is the node's own.
         if let Err(e) = node.serve(incoming, api.into_routes()) {

@@ -35,7 +35,9 @@ pub trait App: Default + Clone + Send + Sync + 'static {
         + 'static;
 
     /// Applies `cmd` at `stamped_now_ms` (Unix milliseconds, stamped by the leader when it
-    /// proposed the entry, never smaller than the time of the previous entry). Rejections are
+    /// proposed the entry, never smaller than the time of the previous entry and never further
+    /// from it than the real time elapsed, as far as the leader could measure: see
+    /// [`super::ledger_time`]). Rejections are
     /// part of `Response`: apply itself cannot fail.
     fn apply(&mut self, cmd: &Self::Command, stamped_now_ms: u64) -> Self::Response;
 

@@ -205,6 +205,10 @@ impl<A: App> Node<A> {
     /// `Arc<Node>`) be built after the node exists and still share its one gRPC server. Until
     /// `serve` runs, peers find this node unreachable, which Raft treats like a slow start.
     ///
+    /// `clock` is this node's wall and monotonic time: the stamps it proposes follow its wall
+    /// clock, held to the monotonic time elapsed since the stamps it applied
+    /// ([`LedgerTime`], issue 10 item 2).
+    ///
     /// # Errors
     /// As [`Node::start`].
     pub async fn open(

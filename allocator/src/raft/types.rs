@@ -20,8 +20,9 @@ pub type NodeId = u64;
 /// The Raft log payload: an application command with the time the leader stamped on it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Stamped<C> {
-    /// Leader wall time at proposal, Unix milliseconds. The state machine clamps it so the time
-    /// it applies never goes backwards.
+    /// Ledger time of the entry, Unix milliseconds: the proposing leader's wall clock, held to
+    /// the real time elapsed since the stamps that node applied ([`super::ledger_time`]). The
+    /// state machine clamps it so the time it applies never goes backwards.
     pub now_ms: u64,
     /// The application command.
     pub cmd: C,

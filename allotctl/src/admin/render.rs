@@ -192,8 +192,11 @@ pub fn cluster_status_text(c: &pb::ClusterStatusResponse) -> String {
             )
         })
         .collect();
+    let skew = c
+        .clock_skew_ms
+        .map_or("-".to_string(), |ms| format!("{ms:+} ms"));
     format!(
-        "node {}: {} in term {}\nleader: {}\nvoters: {}\nlearners: {}\nlast log index: {}, last applied: {}\n{tables}",
+        "node {}: {} in term {}\nleader: {}\nvoters: {}\nlearners: {}\nlast log index: {}, last applied: {}\nclock skew: {} (beyond max drift {} times)\n{tables}",
         c.node_id,
         c.state,
         c.current_term,
@@ -206,6 +209,8 @@ pub fn cluster_status_text(c: &pb::ClusterStatusResponse) -> String {
         list(&c.learners),
         opt(c.last_log_index),
         opt(c.last_applied_index),
+        skew,
+        c.clock_skew_beyond_max,
     )
 }
 
@@ -227,6 +232,8 @@ pub fn cluster_status_json(c: &pb::ClusterStatusResponse) -> Value {
             "refused": t.refused,
             "evicted": t.evicted,
         })).collect::<Vec<_>>(),
+        "clock_skew_ms": c.clock_skew_ms,
+        "clock_skew_beyond_max": c.clock_skew_beyond_max,
     })
 }
 
@@ -319,5 +326,27 @@ mod tests {
             ..s.regions[0].clone()
         };
         assert_eq!(part(&none), "-");
+    }
+
+    #[test]
+    fn cluster_status_shows_the_clock_skew() {
+        let mut c = pb::ClusterStatusResponse {
+            node_id: 2,
+            state: "Leader".into(),
+            clock_skew_ms: Some(3_000),
+            clock_skew_beyond_max: 4,
+            ..Default::default()
+        };
+        let text = cluster_status_text(&c);
+        assert!(
+            text.contains("clock skew: +3000 ms (beyond max drift 4 times)"),
+            "{text}"
+        );
+        assert_eq!(cluster_status_json(&c)["clock_skew_ms"], 3_000);
+        c.clock_skew_ms = Some(-12);
+        assert!(cluster_status_text(&c).contains("clock skew: -12 ms"));
+        c.clock_skew_ms = None;
+        assert!(cluster_status_text(&c).contains("clock skew: - (beyond"));
+        assert!(cluster_status_json(&c)["clock_skew_ms"].is_null());
     }
 }
