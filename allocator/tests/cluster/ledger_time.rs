@@ -38,23 +38,70 @@ fn node_clocks(ids: &[u64]) -> (BTreeMap<u64, ManualClock>, BTreeMap<u64, Arc<dy
     (manual, shared)
 }
 
-/// Real time passes by `ms` on every node's clocks.
-fn real_time_passes(clocks: &BTreeMap<u64, ManualClock>, ms: u64) {
-    for c in clocks.values() {
-        c.advance(ms);
-    }
+/// A drained cluster whose node `skewed` reads a wall clock off by `skew_ms` from the others.
+struct Skewed {
+    cluster: LedgerCluster,
+    clocks: BTreeMap<u64, ManualClock>,
+    /// The first leader, on which the key was drained at [`W`].
+    first: u64,
+    /// The node whose wall clock is ahead.
+    skewed: u64,
+    /// The third node.
+    other: u64,
+    /// What the first leader granted: the full bucket.
+    drained: Vec<pb::Grant>,
 }
 
-async fn put_api_policy(cluster: &LedgerCluster, leader: u64) {
-    cluster
-        .client(leader)
-        .put_policy(pb::PutPolicyRequest {
-            yaml: API_POLICY.into(),
-            expected_version: 0,
-            request_id: String::new(),
-        })
-        .await
-        .expect("policy accepted");
+impl Skewed {
+    /// Starts the cluster, moves the wall clock of node `prefer` (or, if it leads first, of
+    /// another follower: the skewed node must be a follower) `skew_ms` ahead, installs the API
+    /// policy and drains api/tenant=acme on the first leader at [`W`].
+    async fn start(prefer: u64, skew_ms: u64) -> Self {
+        let (clocks, shared) = node_clocks(&[1, 2, 3]);
+        let cluster =
+            LedgerCluster::start_with_clocks(&[1, 2, 3], GroupCommitConfig::default(), shared)
+                .await;
+        let first = cluster.leader().await;
+        let skewed = if first == prefer {
+            1 + prefer % 3
+        } else {
+            prefer
+        };
+        let other = 6 - first - skewed;
+        clocks[&skewed].advance_wall(skew_ms);
+        cluster
+            .client(first)
+            .put_policy(pb::PutPolicyRequest {
+                yaml: API_POLICY.into(),
+                expected_version: 0,
+                request_id: String::new(),
+            })
+            .await
+            .expect("policy accepted");
+        let drained = drain(&cluster, first, "first").await;
+        assert_eq!(total(&drained), API_BURST, "the full bucket, at W");
+        Self {
+            cluster,
+            clocks,
+            first,
+            skewed,
+            other,
+            drained,
+        }
+    }
+
+    /// Stops `leader` while neither `next` nor `idle` may start an election, lets `real_ms` of
+    /// real time pass on every clock, then lets only `next` start one and waits until it leads.
+    async fn hand_over(&mut self, leader: u64, next: u64, idle: u64, real_ms: u64) {
+        self.cluster.allow_election(next, false);
+        self.cluster.allow_election(idle, false);
+        self.cluster.stop(leader).await;
+        for c in self.clocks.values() {
+            c.advance(real_ms);
+        }
+        self.cluster.allow_election(next, true);
+        assert_eq!(self.cluster.leader().await, next);
+    }
 }
 
 /// Acquires 10 tokens at a time for api/tenant=acme on `node` until it is denied; returns what
@@ -112,30 +159,14 @@ fn bound(elapsed_ms: u64) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_leader_whose_clock_is_ahead_neither_refills_early_nor_expires_live_allocations() {
     let _exclusive = exclusive().await;
-    let (clocks, shared) = node_clocks(&[1, 2, 3]);
-    let mut cluster =
-        LedgerCluster::start_with_clocks(&[1, 2, 3], GroupCommitConfig::default(), shared).await;
-    let old = cluster.leader().await;
-    // Node 2 unless it happens to lead first (its clock must be the new leader's).
-    let ahead = if old == 2 { 3 } else { 2 };
-    let third = 6 - old - ahead;
-    clocks[&ahead].advance_wall(3_000);
+    let mut t = Skewed::start(2, 3_000).await;
+    let (ahead, third) = (t.skewed, t.other);
+    let kept = t.drained[0].allocation_id;
+    // The leader goes; 200 ms of real time pass; the node whose clock is ahead leads.
+    t.hand_over(t.first, ahead, third, 200).await;
+    let cluster = &t.cluster;
 
-    put_api_policy(&cluster, old).await;
-    let before = drain(&cluster, old, "before").await;
-    assert_eq!(total(&before), API_BURST, "the full bucket, stamped at W");
-    let kept = before[0].allocation_id;
-
-    // The leader goes while nobody may start an election; 200 ms of real time pass; then only
-    // the node whose clock is ahead may.
-    cluster.allow_election(ahead, false);
-    cluster.allow_election(third, false);
-    cluster.stop(old).await;
-    real_time_passes(&clocks, 200);
-    cluster.allow_election(ahead, true);
-    assert_eq!(cluster.leader().await, ahead);
-
-    let first_tick = stamp_above(&cluster, ahead, W).await;
+    let first_tick = stamp_above(cluster, ahead, W).await;
     assert_eq!(
         first_tick,
         W + 200,
@@ -147,8 +178,8 @@ async fn a_new_leader_whose_clock_is_ahead_neither_refills_early_nor_expires_liv
         .expect("the old allocation is kept");
     assert_eq!(a.state, AllocationState::Live, "{a:?}");
 
-    let after = drain(&cluster, ahead, "after").await;
-    let granted = total(&before) + total(&after);
+    let after = drain(cluster, ahead, "after").await;
+    let granted = total(&t.drained) + total(&after);
     assert!(
         granted <= bound(200),
         "granted {granted} > B + r·Δt = {}",
@@ -173,7 +204,7 @@ async fn a_new_leader_whose_clock_is_ahead_neither_refills_early_nor_expires_liv
     let check = skew_watch::check_once(cluster.daemons[&third].node());
     assert_eq!(check, SkewCheck::Within { skew_ms: 0 });
 
-    cluster.stop_all().await;
+    t.cluster.stop_all().await;
 }
 
 /// A leader whose wall clock is a day ahead neither pushes ledger time ahead while it leads nor
@@ -181,42 +212,25 @@ async fn a_new_leader_whose_clock_is_ahead_neither_refills_early_nor_expires_liv
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_far_future_leader_neither_jumps_nor_freezes_ledger_time() {
     let _exclusive = exclusive().await;
-    let (clocks, shared) = node_clocks(&[1, 2, 3]);
-    let mut cluster =
-        LedgerCluster::start_with_clocks(&[1, 2, 3], GroupCommitConfig::default(), shared).await;
-    let first = cluster.leader().await;
-    let far = if first == 3 { 2 } else { 3 };
-    let other = 6 - first - far;
-    clocks[&far].advance_wall(DAY_MS);
-
-    put_api_policy(&cluster, first).await;
-    let mut granted = total(&drain(&cluster, first, "first").await);
-    assert_eq!(granted, API_BURST);
+    let mut t = Skewed::start(3, DAY_MS).await;
+    let (first, far, other) = (t.first, t.skewed, t.other);
+    let mut granted = total(&t.drained);
 
     // The far-future node leads after 300 ms of real time.
-    cluster.allow_election(far, false);
-    cluster.allow_election(other, false);
-    cluster.stop(first).await;
-    real_time_passes(&clocks, 300);
-    cluster.allow_election(far, true);
-    assert_eq!(cluster.leader().await, far);
-    assert_eq!(stamp_above(&cluster, far, W).await, W + 300);
-    let while_far = total(&drain(&cluster, far, "far").await);
+    t.hand_over(first, far, other, 300).await;
+    assert_eq!(stamp_above(&t.cluster, far, W).await, W + 300);
+    let while_far = total(&drain(&t.cluster, far, "far").await);
     granted += while_far;
     assert!(granted <= bound(300), "granted {granted} > {}", bound(300));
     assert!(while_far > 0, "refill under the far-future leader");
 
     // It loses leadership: the old leader comes back (for a quorum), the far one goes, 300 ms
     // more pass, and the node that was up all along leads.
-    cluster.restart(first).await;
-    cluster.allow_election(first, false);
-    cluster.ledger(first, |_| ()).await;
-    cluster.stop(far).await;
-    real_time_passes(&clocks, 300);
-    cluster.allow_election(other, true);
-    assert_eq!(cluster.leader().await, other);
-    assert_eq!(stamp_above(&cluster, other, W + 300).await, W + 600);
-    let after = total(&drain(&cluster, other, "after").await);
+    t.cluster.restart(first).await;
+    t.cluster.ledger(first, |_| ()).await;
+    t.hand_over(far, other, first, 300).await;
+    assert_eq!(stamp_above(&t.cluster, other, W + 300).await, W + 600);
+    let after = total(&drain(&t.cluster, other, "after").await);
     granted += after;
     assert!(
         after > 0,
@@ -224,5 +238,5 @@ async fn a_far_future_leader_neither_jumps_nor_freezes_ledger_time() {
     );
     assert!(granted <= bound(600), "granted {granted} > {}", bound(600));
 
-    cluster.stop_all().await;
+    t.cluster.stop_all().await;
 }
