@@ -38,37 +38,24 @@ fn node_clocks(ids: &[u64]) -> (BTreeMap<u64, ManualClock>, BTreeMap<u64, Arc<dy
     (manual, shared)
 }
 
-/// A drained cluster whose node `skewed` reads a wall clock off by `skew_ms` from the others.
-struct Skewed {
+/// A cluster whose first leader drained api/tenant=acme at [`W`].
+struct Drained {
     cluster: LedgerCluster,
     clocks: BTreeMap<u64, ManualClock>,
-    /// The first leader, on which the key was drained at [`W`].
+    /// The first leader.
     first: u64,
-    /// The node whose wall clock is ahead.
-    skewed: u64,
-    /// The third node.
-    other: u64,
-    /// What the first leader granted: the full bucket.
+    /// What it granted: the full bucket.
     drained: Vec<pb::Grant>,
 }
 
-impl Skewed {
-    /// Starts the cluster, moves the wall clock of node `prefer` (or, if it leads first, of
-    /// another follower: the skewed node must be a follower) `skew_ms` ahead, installs the API
-    /// policy and drains api/tenant=acme on the first leader at [`W`].
-    async fn start(prefer: u64, skew_ms: u64) -> Self {
+impl Drained {
+    /// Starts the cluster, installs the API policy and drains the key on the first leader.
+    async fn start() -> Self {
         let (clocks, shared) = node_clocks(&[1, 2, 3]);
         let cluster =
             LedgerCluster::start_with_clocks(&[1, 2, 3], GroupCommitConfig::default(), shared)
                 .await;
         let first = cluster.leader().await;
-        let skewed = if first == prefer {
-            1 + prefer % 3
-        } else {
-            prefer
-        };
-        let other = 6 - first - skewed;
-        clocks[&skewed].advance_wall(skew_ms);
         cluster
             .client(first)
             .put_policy(pb::PutPolicyRequest {
@@ -84,23 +71,53 @@ impl Skewed {
             cluster,
             clocks,
             first,
-            skewed,
-            other,
             drained,
         }
     }
 
-    /// Stops `leader` while neither `next` nor `idle` may start an election, lets `real_ms` of
-    /// real time pass on every clock, then lets only `next` start one and waits until it leads.
-    async fn hand_over(&mut self, leader: u64, next: u64, idle: u64, real_ms: u64) {
-        self.cluster.allow_election(next, false);
-        self.cluster.allow_election(idle, false);
+    /// Stops `leader` while neither other running node may start an election, lets `real_ms`
+    /// of real time pass on every clock, moves the wall clock of the node that is to lead next
+    /// `skew_ms` ahead, lets only that node start an election and waits until it leads.
+    /// Returns (next leader, the other node). The next leader is `prefer` unless the other
+    /// node's log is longer (a candidate with a shorter log cannot win).
+    async fn hand_over(
+        &mut self,
+        leader: u64,
+        prefer: u64,
+        real_ms: u64,
+        skew_ms: u64,
+    ) -> (u64, u64) {
+        let mut rest: Vec<u64> = self
+            .cluster
+            .daemons
+            .keys()
+            .copied()
+            .filter(|&id| id != leader)
+            .collect();
+        assert_eq!(rest.len(), 2, "two nodes stay");
+        for &id in &rest {
+            self.cluster.allow_election(id, false);
+        }
         self.cluster.stop(leader).await;
+        let log = |id: u64| {
+            self.cluster.daemons[&id]
+                .node()
+                .raft()
+                .metrics()
+                .borrow()
+                .last_log_index
+        };
+        // The preferred node first; the longer log wins (a stable sort keeps ties in order).
+        rest.sort_by_key(|&id| id != prefer);
+        rest.sort_by_key(|&id| std::cmp::Reverse(log(id)));
+        let (next, idle) = (rest[0], rest[1]);
         for c in self.clocks.values() {
             c.advance(real_ms);
         }
+        self.clocks[&next].advance_wall(skew_ms);
         self.cluster.allow_election(next, true);
         assert_eq!(self.cluster.leader().await, next);
+        (next, idle)
     }
 }
 
@@ -152,18 +169,18 @@ fn bound(elapsed_ms: u64) -> u64 {
     API_BURST + API_RATE_PER_S * elapsed_ms / 1000
 }
 
-/// The test: node 2's wall clock is 3 s ahead. A key drained on the old leader; 200 ms
-/// of real time later the leader is gone and node 2 leads. Its first Tick is stamped 200 ms
-/// after the last entry, not 3.2 s: the bucket refilled by r·200 ms (total granted ≤ B + r·Δt
-/// over real time), and the allocation granted on the old leader is still live.
+/// The test: a key drained on the old leader; 200 ms of real time later the leader is
+/// gone and node 2 (or node 3, when node 2 leads first or its log is behind) leads with a wall
+/// clock 3 s ahead. Its first Tick is stamped 200 ms after the last entry, not 3.2 s: the
+/// bucket refilled by r·200 ms (total granted ≤ B + r·Δt over real time), and the allocation
+/// granted on the old leader is still live.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_leader_whose_clock_is_ahead_neither_refills_early_nor_expires_live_allocations() {
     let _exclusive = exclusive().await;
-    let mut t = Skewed::start(2, 3_000).await;
-    let (ahead, third) = (t.skewed, t.other);
+    let mut t = Drained::start().await;
     let kept = t.drained[0].allocation_id;
-    // The leader goes; 200 ms of real time pass; the node whose clock is ahead leads.
-    t.hand_over(t.first, ahead, third, 200).await;
+    // The leader goes; 200 ms of real time pass; a node whose clock is 3 s ahead leads.
+    let (ahead, third) = t.hand_over(t.first, 2, 200, 3_000).await;
     let cluster = &t.cluster;
 
     let first_tick = stamp_above(cluster, ahead, W).await;
@@ -212,25 +229,25 @@ async fn a_new_leader_whose_clock_is_ahead_neither_refills_early_nor_expires_liv
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_far_future_leader_neither_jumps_nor_freezes_ledger_time() {
     let _exclusive = exclusive().await;
-    let mut t = Skewed::start(3, DAY_MS).await;
-    let (first, far, other) = (t.first, t.skewed, t.other);
+    let mut t = Drained::start().await;
+    let first = t.first;
     let mut granted = total(&t.drained);
 
-    // The far-future node leads after 300 ms of real time.
-    t.hand_over(first, far, other, 300).await;
+    // After 300 ms of real time, a node whose clock is a day ahead leads.
+    let (far, _) = t.hand_over(first, 3, 300, DAY_MS).await;
     assert_eq!(stamp_above(&t.cluster, far, W).await, W + 300);
     let while_far = total(&drain(&t.cluster, far, "far").await);
     granted += while_far;
     assert!(granted <= bound(300), "granted {granted} > {}", bound(300));
     assert!(while_far > 0, "refill under the far-future leader");
 
-    // It loses leadership: the old leader comes back (for a quorum), the far one goes, 300 ms
-    // more pass, and the node that was up all along leads.
+    // It loses leadership: the first leader comes back (for a quorum) and catches up, the far
+    // one goes, 300 ms more pass, and another node leads.
     t.cluster.restart(first).await;
     t.cluster.ledger(first, |_| ()).await;
-    t.hand_over(far, other, first, 300).await;
-    assert_eq!(stamp_above(&t.cluster, other, W + 300).await, W + 600);
-    let after = total(&drain(&t.cluster, other, "after").await);
+    let (next, _) = t.hand_over(far, first, 300, 0).await;
+    assert_eq!(stamp_above(&t.cluster, next, W + 300).await, W + 600);
+    let after = total(&drain(&t.cluster, next, "after").await);
     granted += after;
     assert!(
         after > 0,
