@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 const PROTOS: &[&str] = &[
+    "google/rpc/status.proto",
     "allot/v1/raft.proto",
     "allot/v1/allocator.proto",
     "allot/v1/agent.proto",

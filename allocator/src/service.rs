@@ -11,11 +11,12 @@
 //!
 //! A follower forwards writes, Batch and status reads to the leader once (marked with
 //! [`FORWARDED_HEADER`], so a call is never forwarded twice, and with the caller's remaining
-//! deadline); when it cannot, it answers FAILED_PRECONDITION with a
-//! [`LeaderHint`](pb::LeaderHint) (leader id and address) in the status details, or UNAVAILABLE
-//! while no leader is known.
-//! Bad input of a unary call gets INVALID_ARGUMENT / NOT_FOUND / FAILED_PRECONDITION /
-//! RESOURCE_EXHAUSTED with a reason (no details) and changes nothing.
+//! deadline); when it cannot, it answers FAILED_PRECONDITION with a NOT_LEADER ErrorDetail
+//! (leader id and address) in the status details, or UNAVAILABLE while no leader is known.
+//! A refused unary call gets the gRPC code of its [`LedgerError`] with the machine-readable
+//! [`pb::ErrorDetail`] in the status details ([`allot_proto::error_detail`]: a
+//! `google.rpc.Status` holding it), and changes nothing; a refused Batch item gets the same
+//! detail as its result.
 
 mod deadline;
 mod errors;
@@ -29,10 +30,10 @@ use crate::raft::{ClientError, CommitError, GroupCommit, Node};
 use allot_proto::allot::v1 as pb;
 use allot_proto::allot::v1::allocator_client::AllocatorClient;
 use allot_proto::allot::v1::allocator_server::{Allocator, AllocatorServer};
+use allot_proto::error_detail;
 use errors::detail;
 use items::{item_command, item_result};
 use parking_lot::Mutex;
-use prost::Message;
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::sync::Arc;
@@ -235,24 +236,28 @@ impl AllocatorService {
 }
 
 /// FAILED_PRECONDITION carrying where the leader is; UNAVAILABLE while no leader is known (an
-/// election is running), since only a retry later can help then.
+/// election is running), since only a retry later can help then. Either carries a NOT_LEADER
+/// [`pb::ErrorDetail`] (with the leader's id and address when known) in its details.
 fn not_leader(leader_id: Option<u64>, leader_addr: Option<String>) -> Status {
-    if leader_id.is_none() {
-        return Status::unavailable("not the leader, and no leader is known yet; retry shortly");
-    }
-    let hint = pb::LeaderHint {
-        leader_id,
-        leader_addr: leader_addr.clone().unwrap_or_default(),
+    let Some(id) = leader_id else {
+        let d = detail(
+            pb::ErrorReason::NotLeader,
+            "not the leader, and no leader is known yet; retry shortly",
+        );
+        return error_detail::status(Code::Unavailable, &d);
     };
-    Status::with_details(
-        Code::FailedPrecondition,
-        format!(
-            "not the leader; leader is {} at {}",
-            leader_id.map_or("unknown".into(), |i| i.to_string()),
-            leader_addr.as_deref().unwrap_or("unknown")
-        ),
-        hint.encode_to_vec().into(),
-    )
+    let d = pb::ErrorDetail {
+        leader_id: Some(id),
+        leader_addr: leader_addr.clone().unwrap_or_default(),
+        ..detail(
+            pb::ErrorReason::NotLeader,
+            format!(
+                "not the leader; leader is {id} at {}",
+                leader_addr.as_deref().unwrap_or("unknown")
+            ),
+        )
+    };
+    error_detail::status(Code::FailedPrecondition, &d)
 }
 
 /// The ErrorDetail of a call refused unapplied by the group commit.
@@ -268,16 +273,12 @@ fn commit_detail(e: &CommitError) -> pb::ErrorDetail {
 /// The status of a failed commit (not-leader forwarding is the caller's).
 fn commit_status(e: CommitError) -> Status {
     match e {
-        CommitError::Overloaded { .. } => Status::with_details(
-            Code::ResourceExhausted,
-            e.to_string(),
-            commit_detail(&e).encode_to_vec().into(),
-        ),
-        CommitError::DeadlineExceeded => Status::with_details(
-            Code::DeadlineExceeded,
-            e.to_string(),
-            commit_detail(&e).encode_to_vec().into(),
-        ),
+        CommitError::Overloaded { .. } => {
+            error_detail::status(Code::ResourceExhausted, &commit_detail(&e))
+        }
+        CommitError::DeadlineExceeded => {
+            error_detail::status(Code::DeadlineExceeded, &commit_detail(&e))
+        }
         CommitError::Client(ClientError::NotLeader {
             leader_id,
             leader_addr,
@@ -287,10 +288,11 @@ fn commit_status(e: CommitError) -> Status {
     }
 }
 
-/// The status of a unary call the ledger refused: the code of [`ledger_error`].
+/// The status of a unary call the ledger refused: the code and, in its details, the
+/// [`pb::ErrorDetail`] of [`ledger_error`].
 fn ledger_status(e: LedgerError) -> Status {
     let (code, d) = ledger_error(&e);
-    Status::new(code, d.message)
+    error_detail::status(code, &d)
 }
 
 fn unexpected(r: LResp) -> Status {

@@ -7,9 +7,22 @@
 //!   (`envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit`), with Envoy's package names,
 //!   message names and field numbers, so a stock Envoy can call an Allot agent.
 //!
-//! Google's well-known types (`google.protobuf.*`) map to [`prost_types`].
+//! Google's well-known types (`google.protobuf.*`) map to [`prost_types`]. A failed allocator
+//! call carries its typed [`allot::v1::ErrorDetail`] in the status details, inside a
+//! `google.rpc.Status` ([`error_detail`]).
 
 pub use prost_types;
+
+pub mod error_detail;
+
+/// `google.rpc`: the gRPC rich error model's [`google::rpc::Status`], the encoding of a failed
+/// call's status details (see [`error_detail`]).
+pub mod google {
+    /// `google.rpc`: [`rpc::Status`].
+    pub mod rpc {
+        tonic::include_proto!("google.rpc");
+    }
+}
 
 /// Allot's own protocols.
 pub mod allot {

@@ -4,9 +4,11 @@
 //! group commit. An allocator that does not serve `Batch` (UNIMPLEMENTED: an older version)
 //! gets the same items as single calls, sent concurrently; `Batch` is tried again later.
 //!
-//! Each answer is classified once, here, into an [`Answer`]; the manager acts on that.
+//! Each answer is an [`Answer`]: the allocator's outcome, or the [`CallError`] the link
+//! classified its failure into (a Batch item's typed error goes through the same
+//! [`CallError::from_detail`]); the manager acts on that.
 
-use super::client::AllocatorLink;
+use super::client::{AllocatorLink, CallError};
 use allot_proto::allot::v1 as pb;
 use pb::batch_item::Op;
 use pb::batch_result::Outcome;
@@ -14,22 +16,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::task::JoinSet;
-use tonic::{Code, Status};
 
 /// How one item of a send was answered.
 #[derive(Debug, Clone)]
 pub enum Answer {
     /// The allocator's answer (never an `Outcome::Error`).
     Done(Outcome),
-    /// The allocator no longer holds the allocation as live (ended, stale epoch, unknown id,
-    /// not the holder): drop it.
-    Fenced,
-    /// Refused for good (bad input, unknown policy, key cap): the allocator is up.
-    Refused(String),
-    /// The allocator does not serve this call (UNIMPLEMENTED): an older version.
-    Unsupported,
-    /// No allocator answered (unavailable, timeout, overloaded, no leader): the failure mode.
-    Unreachable(String),
+    /// The item failed, classified once by the link ([`CallError`]).
+    Failed(CallError),
 }
 
 /// Most items in one `Batch`; more wait for the next send (right after this one).
@@ -73,24 +67,23 @@ impl Dispatcher {
         if self.now_ms() >= self.batch_off_until_ms.load(Ordering::Relaxed) {
             match self.send_batch(&items).await {
                 Ok(answers) => return (answers, true),
-                Err(s) if s.code() == Code::Unimplemented => {
+                Err(CallError::Unsupported) => {
                     tracing::info!("the allocator does not serve Batch; sending single calls");
                     let until = self
                         .now_ms()
                         .saturating_add(BATCH_RETRY_AFTER.as_millis() as u64);
                     self.batch_off_until_ms.store(until, Ordering::Relaxed);
                 }
-                Err(s) => {
-                    let a = classify_status(&s);
-                    let up = !matches!(a, Answer::Unreachable(_));
-                    return (vec![a; items.len()], up);
+                Err(e) => {
+                    let up = !e.is_transient();
+                    return (vec![Answer::Failed(e); items.len()], up);
                 }
             }
         }
         self.send_singles(items).await
     }
 
-    async fn send_batch(&self, items: &[Op]) -> Result<Vec<Answer>, Status> {
+    async fn send_batch(&self, items: &[Op]) -> Result<Vec<Answer>, CallError> {
         let req = pb::BatchRequest {
             items: items
                 .iter()
@@ -115,7 +108,12 @@ impl Dispatcher {
                 resp.results.len(),
                 items.len()
             );
-            return Ok(vec![Answer::Refused(why); items.len()]);
+            let refused = Answer::Failed(CallError::Rejected {
+                reason: pb::ErrorReason::Unspecified,
+                field: String::new(),
+                message: why,
+            });
+            return Ok(vec![refused; items.len()]);
         }
         Ok(resp.results.into_iter().map(classify_result).collect())
     }
@@ -127,13 +125,18 @@ impl Dispatcher {
             let (link, timeout) = (self.link.clone(), self.timeout);
             set.spawn(async move { (i, single(&link, op, timeout).await) });
         }
-        let mut answers = vec![Answer::Unreachable("not sent".into()); n];
+        let not_sent = Answer::Failed(CallError::Unreachable {
+            message: "not sent".into(),
+        });
+        let mut answers = vec![not_sent; n];
         while let Some(done) = set.join_next().await {
             if let Ok((i, a)) = done {
                 answers[i] = a;
             }
         }
-        let up = answers.iter().any(|a| !matches!(a, Answer::Unreachable(_)));
+        let up = answers
+            .iter()
+            .any(|a| !matches!(a, Answer::Failed(e) if e.is_transient()));
         (answers, up)
     }
 }
@@ -177,123 +180,65 @@ async fn single(link: &AllocatorLink, op: Op, timeout: Duration) -> Answer {
     };
     match r {
         Ok(o) => Answer::Done(o),
-        Err(s) => classify_status(&s),
+        Err(e) => Answer::Failed(e),
     }
 }
 
+/// One Batch item's answer: its outcome, or its typed error classified by the link's rules.
 fn classify_result(r: pb::BatchResult) -> Answer {
     match r.outcome {
-        Some(Outcome::Error(e)) => classify_detail(&e),
+        Some(Outcome::Error(e)) => Answer::Failed(CallError::from_detail(&e)),
         Some(o) => Answer::Done(o),
-        None => Answer::Refused("a Batch result without an outcome".into()),
-    }
-}
-
-/// An item's typed error (issue 11 item 4): classified on its reason, never on its text.
-fn classify_detail(e: &pb::ErrorDetail) -> Answer {
-    use pb::ErrorReason as R;
-    match R::try_from(e.reason).unwrap_or(R::Unspecified) {
-        R::UnknownAllocation | R::StaleEpoch | R::AllocationEnded | R::NotHolder => Answer::Fenced,
-        R::NotLeader | R::DeadlineExceeded | R::Overloaded => {
-            Answer::Unreachable(e.message.clone())
-        }
-        R::Unspecified
-        | R::BadInput
-        | R::UnknownPolicy
-        | R::VersionMismatch
-        | R::KeyCapReached
-        | R::NeverGrantable
-        | R::ScopeLocal => Answer::Refused(e.message.clone()),
-    }
-}
-
-/// A failed call's status: the typed detail when the allocator attached one, else its code.
-fn classify_status(s: &Status) -> Answer {
-    use prost::Message;
-    match s.code() {
-        Code::Unimplemented => return Answer::Unsupported,
-        // A FAILED_PRECONDITION with details is a not-the-leader hint the link could not
-        // follow. (A LeaderHint and an ErrorDetail share their wire shape, so these details
-        // are never read as an ErrorDetail: keeping an allocation is the safe reading.)
-        Code::FailedPrecondition if !s.details().is_empty() => {
-            return Answer::Unreachable(s.message().to_string())
-        }
-        _ => {}
-    }
-    if let Ok(e) = pb::ErrorDetail::decode(s.details()) {
-        if e.reason != pb::ErrorReason::Unspecified as i32 {
-            return classify_detail(&e);
-        }
-    }
-    match s.code() {
-        Code::FailedPrecondition | Code::NotFound => Answer::Fenced,
-        Code::Unavailable
-        | Code::DeadlineExceeded
-        | Code::Unknown
-        | Code::Cancelled
-        | Code::ResourceExhausted
-        | Code::Internal
-        | Code::Aborted => Answer::Unreachable(s.message().to_string()),
-        _ => Answer::Refused(s.message().to_string()),
+        None => Answer::Failed(CallError::Rejected {
+            reason: pb::ErrorReason::Unspecified,
+            field: String::new(),
+            message: "a Batch result without an outcome".into(),
+        }),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use prost::Message;
+    use crate::lease::client::Fence;
 
     #[test]
-    fn typed_details_decide_the_class_not_the_code() {
-        let detail = |reason: pb::ErrorReason| pb::ErrorDetail {
-            reason: reason as i32,
-            message: "m".into(),
-            ..Default::default()
+    fn batch_items_are_classified_by_their_typed_error() {
+        let item = |reason: pb::ErrorReason| pb::BatchResult {
+            outcome: Some(Outcome::Error(pb::ErrorDetail {
+                reason: reason as i32,
+                message: "m".into(),
+                ..Default::default()
+            })),
         };
-        let status =
-            |code, d: pb::ErrorDetail| Status::with_details(code, "m", d.encode_to_vec().into());
         assert!(matches!(
-            classify_status(&status(Code::NotFound, detail(pb::ErrorReason::StaleEpoch))),
-            Answer::Fenced
-        ));
-        // FAILED_PRECONDITION with details reads as a leader hint: keep, retry later.
-        assert!(matches!(
-            classify_status(&status(
-                Code::FailedPrecondition,
-                detail(pb::ErrorReason::StaleEpoch)
-            )),
-            Answer::Unreachable(_)
+            classify_result(item(pb::ErrorReason::NotHolder)),
+            Answer::Failed(CallError::Fenced {
+                why: Fence::NotHolder,
+                ..
+            })
         ));
         assert!(matches!(
-            classify_status(&status(
-                Code::ResourceExhausted,
-                detail(pb::ErrorReason::KeyCapReached)
-            )),
-            Answer::Refused(_)
+            classify_result(item(pb::ErrorReason::StaleEpoch)),
+            Answer::Failed(CallError::Fenced {
+                why: Fence::StaleEpoch,
+                ..
+            })
         ));
         assert!(matches!(
-            classify_status(&status(
-                Code::ResourceExhausted,
-                detail(pb::ErrorReason::Overloaded)
-            )),
-            Answer::Unreachable(_)
+            classify_result(item(pb::ErrorReason::Overloaded)),
+            Answer::Failed(CallError::Overloaded { .. })
         ));
+        let ok = pb::BatchResult {
+            outcome: Some(Outcome::Release(pb::ReleaseResponse { returned: u64::MAX })),
+        };
         assert!(matches!(
-            classify_status(&Status::unimplemented("old")),
-            Answer::Unsupported
-        ));
-        // Without details: the code (an empty FAILED_PRECONDITION is a fenced allocation).
-        assert!(matches!(
-            classify_status(&Status::failed_precondition("stale")),
-            Answer::Fenced
-        ));
-        assert!(matches!(
-            classify_status(&Status::invalid_argument("bad")),
-            Answer::Refused(_)
+            classify_result(ok),
+            Answer::Done(Outcome::Release(pb::ReleaseResponse { returned: u64::MAX }))
         ));
         assert!(matches!(
             classify_result(pb::BatchResult { outcome: None }),
-            Answer::Refused(_)
+            Answer::Failed(CallError::Rejected { .. })
         ));
     }
 }

@@ -13,6 +13,7 @@ use super::allocation::HeldAllocation;
 use super::backoff::Backoff;
 use super::book::{ms, KeyLease, LeaseBook, LeaseEvent};
 use super::client::AllocatorLink;
+use super::client::CallError;
 use super::close::close_all;
 use super::dispatch::{Answer, Dispatcher, MAX_BATCH_ITEMS};
 use super::settings::LeaseSettings;
@@ -321,17 +322,19 @@ impl LeaseManager {
         match &answer {
             // Only a call that brings tokens decides the key's standing: a request of an
             // exhausted key waits for its own Acquire rather than inherit a failed Report.
-            Answer::Unreachable(why) if matches!(p, Pending::Acquire(_) | Pending::Decide(..)) => {
+            Answer::Failed(why)
+                if why.is_transient() && matches!(p, Pending::Acquire(_) | Pending::Decide(..)) =>
+            {
                 tracing::debug!(domain = %v.domain, why = %why, "allocator unreachable");
                 unreachable(book, v, now);
             }
-            Answer::Unreachable(why) => {
+            Answer::Failed(why) if why.is_transient() => {
                 tracing::debug!(domain = %v.domain, why = %why, "allocator unreachable");
                 book.set_reachable(false);
                 book.counters.rpc_errors.fetch_add(1, Ordering::Relaxed);
             }
-            Answer::Done(_) | Answer::Fenced | Answer::Refused(_) => book.set_reachable(true),
-            Answer::Unsupported => {}
+            Answer::Failed(CallError::Unsupported) => {}
+            Answer::Done(_) | Answer::Failed(_) => book.set_reachable(true),
         }
         match p {
             Pending::Acquire(kl) => applied_acquire(book, &kl.value, answer, sent_at, now),
@@ -490,7 +493,7 @@ fn applied_acquire(book: &LeaseBook, v: &KeyLease, answer: Answer, sent_at: Nano
             .protocol
             .record_denial(now.saturating_add(ms(d.retry_after_ms.max(1)))),
         // Already recorded as a failure of this key (failure mode until the backoff ends).
-        Answer::Unreachable(_) => {}
+        Answer::Failed(e) if e.is_transient() => {}
         other => {
             // Refused (bad key, unknown policy, cap reached) or an answer without a grant or
             // denial: the allocator is up, so a denial for the backoff, never the failure mode.
@@ -507,9 +510,9 @@ fn applied_report(v: &KeyLease, a: &HeldAllocation, answer: Answer) {
             v.protocol.record_reachable();
             a.set_reported(r.recorded_spend);
         }
-        Answer::Fenced => {
-            // The allocator no longer knows it as live (expired or fenced): stop.
-            tracing::warn!(allocation = a.id, "allocation fenced; dropping it");
+        Answer::Failed(CallError::Fenced { why, .. }) => {
+            // The allocator no longer knows it as live (ended, stale, another holder's): stop.
+            tracing::warn!(allocation = a.id, ?why, "allocation fenced; dropping it");
             v.protocol.remove(a.id);
         }
         other => tracing::debug!(allocation = a.id, answer = ?other, "report not recorded"),
@@ -526,7 +529,7 @@ fn applied_release(v: &KeyLease, a: &HeldAllocation, answer: Answer) {
             tracing::debug!(allocation = a.id, returned = r.returned, "released");
             v.protocol.remove(a.id);
         }
-        Answer::Fenced => v.protocol.remove(a.id),
+        Answer::Failed(CallError::Fenced { .. }) => v.protocol.remove(a.id),
         other => tracing::debug!(allocation = a.id, answer = ?other, "release not recorded"),
     }
 }
@@ -551,8 +554,8 @@ fn applied_decide(book: &LeaseBook, v: &KeyLease, cost: Micros, answer: Answer, 
             };
             v.protocol.record_denial(now.saturating_add(ms(wait)));
         }
-        Answer::Unsupported => book.central_unsupported(),
-        Answer::Unreachable(_) => {}
+        Answer::Failed(CallError::Unsupported) => book.central_unsupported(),
+        Answer::Failed(e) if e.is_transient() => {}
         other => {
             tracing::warn!(domain = %v.domain, answer = ?other, "decide refused");
             v.protocol

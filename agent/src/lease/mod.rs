@@ -21,7 +21,7 @@ pub mod settings;
 pub use allocation::HeldAllocation;
 pub use book::{KeyLease, LeaseBook, LeaseEvent, LeaseReservation, LeaseTables, LeaseView};
 pub use charge::{ChargeLog, Charged};
-pub use client::{AllocatorLink, LinkError};
+pub use client::{AllocatorLink, CallError, Fence, LinkError};
 pub use manager::LeaseManager;
 pub use protocol::{KeyProtocol, Standing};
 pub use settings::LeaseSettings;

@@ -1105,3 +1105,150 @@ async fn sparse_keys_are_decided_centrally_then_promoted_to_leases() {
     assert_eq!(agent.counter(|c| &c.central_admits), 4);
     assert_eq!(agent.held("one", 0, "bulk", "c").len(), 1);
 }
+
+/// Typed errors across the allocator↔agent seam (issue 11 item 4), end to end: a Report with a
+/// stale epoch and one from another holder are refused by a real allocator and classified by
+/// the agent as exactly that (not one as the other, not as a leader hint), unary and in a Batch;
+/// a released allocation reads as ended, how included; the refusals change nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stale_epochs_and_foreign_holders_are_classified_as_such_by_the_agent() {
+    use allot_agent::lease::dispatch::{Answer, Dispatcher};
+    use allot_agent::lease::{AllocatorLink, CallError, Fence};
+    use pb::batch_item::Op;
+    use pb::batch_result::Outcome;
+
+    let alloc_clock = AllocatorManualClock::new(T0_MS);
+    let mut nodes = Allocators::start(1, &[("one", ONE)], Arc::new(alloc_clock)).await;
+    let link = Arc::new(AllocatorLink::new(&[nodes.addr(1)], Duration::from_secs(5)).unwrap());
+    let acquire = pb::AcquireRequest {
+        key: Some(pb::PolicyKey {
+            domain: "one".into(),
+            entries: vec![pb::DescriptorEntry {
+                key: "tenant".into(),
+                value: "t".into(),
+            }],
+        }),
+        region: "eu".into(),
+        holder: "gw-1".into(),
+        want: 2 * T,
+        demand_per_s: 0,
+        request_id: "r1".into(),
+    };
+    let granted = link
+        .call(|mut c| {
+            let r = acquire.clone();
+            async move { c.acquire(r).await }
+        })
+        .await
+        .expect("acquire answered");
+    let Some(pb::acquire_response::Outcome::Grant(g)) = granted.outcome else {
+        panic!("expected a grant, got {granted:?}");
+    };
+    let report = |epoch: u64, holder: &str| pb::ReportRequest {
+        allocation_id: g.allocation_id,
+        epoch,
+        holder: holder.into(),
+        cumulative_spend: T,
+    };
+    let unary = |r: pb::ReportRequest| {
+        let link = link.clone();
+        async move {
+            link.call(|mut c| {
+                let r = r.clone();
+                async move { c.report(r).await }
+            })
+            .await
+        }
+    };
+    let before = nodes.read(1, |l| l.allocation(g.allocation_id).cloned());
+
+    // Unary: the status details carry the reason.
+    let stale = unary(report(g.epoch + 1, "gw-1")).await.expect_err("stale");
+    assert!(
+        matches!(
+            &stale,
+            CallError::Fenced {
+                why: Fence::StaleEpoch,
+                ..
+            }
+        ),
+        "{stale:?}"
+    );
+    let foreign = unary(report(g.epoch, "gw-2")).await.expect_err("foreign");
+    assert!(
+        matches!(
+            &foreign,
+            CallError::Fenced {
+                why: Fence::NotHolder,
+                ..
+            }
+        ),
+        "{foreign:?}"
+    );
+
+    // In one Batch, next to an item that succeeds.
+    let dispatcher = Dispatcher::new(link.clone(), Duration::from_secs(5));
+    let (answers, up) = dispatcher
+        .send(vec![
+            Op::Report(report(g.epoch + 1, "gw-1")),
+            Op::Report(report(g.epoch, "gw-2")),
+            Op::Report(report(g.epoch, "gw-1")),
+        ])
+        .await;
+    assert!(up);
+    assert!(
+        matches!(
+            &answers[0],
+            Answer::Failed(CallError::Fenced {
+                why: Fence::StaleEpoch,
+                ..
+            })
+        ),
+        "{answers:?}"
+    );
+    assert!(
+        matches!(
+            &answers[1],
+            Answer::Failed(CallError::Fenced {
+                why: Fence::NotHolder,
+                ..
+            })
+        ),
+        "{answers:?}"
+    );
+    assert!(
+        matches!(&answers[2], Answer::Done(Outcome::Report(r)) if r.recorded_spend == T),
+        "{answers:?}"
+    );
+    let after = nodes.read(1, |l| l.allocation(g.allocation_id).cloned());
+    assert_eq!(
+        after.map(|a| (a.reported, a.state)),
+        before.map(|a| (T, a.state)),
+        "only the holder's own report was recorded"
+    );
+
+    // Released: a later report reads as ended, and how.
+    let release = pb::ReleaseRequest {
+        allocation_id: g.allocation_id,
+        epoch: g.epoch,
+        holder: "gw-1".into(),
+        final_spend: T,
+    };
+    link.call(|mut c| {
+        let r = release.clone();
+        async move { c.release(r).await }
+    })
+    .await
+    .expect("released");
+    let ended = unary(report(g.epoch, "gw-1")).await.expect_err("ended");
+    assert_eq!(
+        ended,
+        CallError::Fenced {
+            why: Fence::Ended {
+                how: "released".into()
+            },
+            message: format!("allocation {} has ended: released", g.allocation_id),
+        }
+    );
+    nodes.stop_all().await;
+}

@@ -12,7 +12,6 @@ use allot_allocator::raft::GroupCommitConfig;
 use allot_proto::allot::v1 as pb;
 use pb::batch_item::Op;
 use pb::batch_result::Outcome;
-use prost::Message;
 use tonic::{Code, Request, Status};
 
 use crate::ledger_support::{
@@ -371,7 +370,7 @@ async fn leader_change_under_batches_loses_and_duplicates_no_decision() {
 
 /// The ErrorDetail in a failed call's status details.
 fn status_detail(s: &Status) -> pb::ErrorDetail {
-    pb::ErrorDetail::decode(s.details()).expect("an ErrorDetail in the details")
+    allot_proto::error_detail::of(s).expect("an ErrorDetail in the details")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

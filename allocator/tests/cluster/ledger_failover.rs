@@ -338,6 +338,8 @@ async fn ledger_survives_failover_under_load_and_full_restart() {
             leader_hint(&s).is_none(),
             "a ledger refusal, not a redirect"
         );
+        let d = allot_proto::error_detail::of(&s).expect("a typed detail");
+        assert_eq!(d.reason, pb::ErrorReason::StaleEpoch as i32, "{d:?}");
     }
     assert_eq!(status(&mut c).await, before);
     let after_ledger = cluster

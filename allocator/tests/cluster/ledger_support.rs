@@ -11,7 +11,6 @@ use allot_allocator::ledger::Ledger;
 use allot_allocator::raft::{Clock, GroupCommitConfig, NodeConfig, RaftTimings, SystemClock};
 use allot_proto::allot::v1 as pb;
 use allot_proto::allot::v1::allocator_client::AllocatorClient;
-use prost::Message;
 use tempfile::TempDir;
 use tokio::net::TcpListener;
 use tonic::transport::Channel;
@@ -107,10 +106,7 @@ pub fn grant(r: pb::AcquireResponse) -> pb::Grant {
 
 /// The leader hint of a "not the leader" status, if it is one.
 pub fn leader_hint(s: &Status) -> Option<pb::LeaderHint> {
-    if s.code() != Code::FailedPrecondition || s.details().is_empty() {
-        return None;
-    }
-    pb::LeaderHint::decode(s.details()).ok()
+    allot_proto::error_detail::leader_hint(s)
 }
 
 /// Whether a failed call may succeed on another node or later (leader lost, node down).

@@ -2,7 +2,6 @@
 //! microtokens; the text shows tokens with their fraction, the JSON keeps raw microtokens.
 
 use allot_proto::allot::v1 as pb;
-use prost::Message;
 use serde_json::{json, Value};
 use tonic::Status;
 
@@ -25,16 +24,14 @@ pub fn tokens(micros: u64) -> String {
 /// follower named it.
 pub fn status_error(s: &Status) -> String {
     let mut out = format!("{:?}: {}", s.code(), s.message());
-    if s.code() == tonic::Code::FailedPrecondition && !s.details().is_empty() {
-        if let Ok(h) = pb::LeaderHint::decode(s.details()) {
-            let id = h.leader_id.map_or("unknown".into(), |i| i.to_string());
-            let addr = if h.leader_addr.is_empty() {
-                "unknown address".to_string()
-            } else {
-                h.leader_addr
-            };
-            out.push_str(&format!("\nleader hint: node {id} at {addr}"));
-        }
+    if let Some(h) = allot_proto::error_detail::leader_hint(s) {
+        let id = h.leader_id.map_or("unknown".into(), |i| i.to_string());
+        let addr = if h.leader_addr.is_empty() {
+            "unknown address".to_string()
+        } else {
+            h.leader_addr
+        };
+        out.push_str(&format!("\nleader hint: node {id} at {addr}"));
     }
     out
 }
@@ -240,6 +237,7 @@ pub fn cluster_status_json(c: &pb::ClusterStatusResponse) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use prost::Message;
 
     #[test]
     fn tokens_keep_exact_fractions() {
@@ -268,6 +266,19 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("node 2 at 127.0.0.1:7702"), "{text}");
+        // The typed form: a NOT_LEADER ErrorDetail in a google.rpc.Status.
+        let typed = allot_proto::error_detail::status(
+            tonic::Code::FailedPrecondition,
+            &pb::ErrorDetail {
+                reason: pb::ErrorReason::NotLeader as i32,
+                message: "not the leader".into(),
+                leader_id: Some(3),
+                leader_addr: "127.0.0.1:7703".into(),
+                ..Default::default()
+            },
+        );
+        let text = status_error(&typed);
+        assert!(text.contains("node 3 at 127.0.0.1:7703"), "{text}");
         let plain = status_error(&Status::not_found("no allocation 7"));
         assert_eq!(plain, "NotFound: no allocation 7");
     }
