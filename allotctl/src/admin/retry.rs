@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::RemoteError;
 use allot_proto::allot::v1 as pb;
-use prost::Message;
+use allot_proto::error_detail;
 use tokio::time::Instant;
 use tonic::{Code, Status};
 
@@ -39,23 +39,23 @@ pub fn fresh_request_id() -> String {
 }
 
 /// Where the next attempt after the failure `s` of an attempt at `addr` goes, or `None` when
-/// `s` is final. Retried: NOT_LEADER (FAILED_PRECONDITION with a leader hint: to the leader when
-/// its address is known), UNAVAILABLE (no leader yet, node down, outcome unknown), DEADLINE_EXCEEDED
-/// and CANCELLED of one attempt, UNKNOWN (a broken connection), and RESOURCE_EXHAUSTED from the
-/// allocator's overloaded queue (nothing applied). Everything else is the allocator's answer.
+/// `s` is final. Retried: NOT_LEADER (to the leader when its address is known), UNAVAILABLE (no
+/// leader yet, node down, outcome unknown), DEADLINE_EXCEEDED and CANCELLED of one attempt,
+/// UNKNOWN (a broken connection), and RESOURCE_EXHAUSTED from the allocator's overloaded queue
+/// (nothing applied). Everything else is the allocator's answer. The leader and the overload
+/// are read from the status's typed detail ([`error_detail`]), never from its code alone.
 pub fn retry_at(s: &Status, addr: &str) -> Option<String> {
+    if let Some(hint) = error_detail::leader_hint(s) {
+        let leader = hint.leader_addr;
+        return Some(if leader.is_empty() {
+            addr.to_string()
+        } else {
+            leader
+        });
+    }
     match s.code() {
         Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Unknown => {
             Some(addr.to_string())
-        }
-        Code::FailedPrecondition if !s.details().is_empty() => {
-            let hint = pb::LeaderHint::decode(s.details()).ok()?;
-            let leader = hint.leader_addr;
-            Some(if leader.is_empty() {
-                addr.to_string()
-            } else {
-                leader
-            })
         }
         Code::ResourceExhausted if overloaded(s) => Some(addr.to_string()),
         _ => None,
@@ -64,8 +64,7 @@ pub fn retry_at(s: &Status, addr: &str) -> Option<String> {
 
 /// Whether `s` carries the ErrorDetail OVERLOADED (refused unapplied by the group commit).
 fn overloaded(s: &Status) -> bool {
-    pb::ErrorDetail::decode(s.details())
-        .is_ok_and(|d| d.reason == pb::ErrorReason::Overloaded as i32)
+    error_detail::of(s).is_some_and(|d| d.reason == pb::ErrorReason::Overloaded as i32)
 }
 
 /// Why one attempt failed.
@@ -136,6 +135,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use prost::Message;
     use std::sync::Mutex;
 
     fn not_leader(addr: &str) -> Status {
@@ -222,16 +222,27 @@ mod tests {
             };
             assert_eq!((got.code(), attempts), (e.code(), 1));
         }
-        let overloaded = pb::ErrorDetail {
-            reason: pb::ErrorReason::Overloaded as i32,
-            ..Default::default()
+        let typed = |code, reason: pb::ErrorReason, leader_addr: &str| {
+            let d = pb::ErrorDetail {
+                reason: reason as i32,
+                message: "m".into(),
+                leader_id: (!leader_addr.is_empty()).then_some(2),
+                leader_addr: leader_addr.into(),
+                ..Default::default()
+            };
+            error_detail::status(code, &d)
         };
-        let s = Status::with_details(
-            Code::ResourceExhausted,
-            "queue full",
-            overloaded.encode_to_vec().into(),
-        );
+        let s = typed(Code::ResourceExhausted, pb::ErrorReason::Overloaded, "");
         assert_eq!(retry_at(&s, "a:1").as_deref(), Some("a:1"));
+        // A typed refusal with FAILED_PRECONDITION is final, never read as a leader hint.
+        let s = typed(
+            Code::FailedPrecondition,
+            pb::ErrorReason::VersionMismatch,
+            "",
+        );
+        assert_eq!(retry_at(&s, "a:1"), None);
+        let s = typed(Code::FailedPrecondition, pb::ErrorReason::NotLeader, "b:2");
+        assert_eq!(retry_at(&s, "a:1").as_deref(), Some("b:2"));
     }
 
     /// With no leader ever, attempts stop once the next pause would pass the deadline, and
