@@ -13,9 +13,15 @@
 //! stamp it proposes is
 //!
 //! ```text
-//! stamp = max(last applied stamp, min(wall, ceiling))     with an anchor
+//! stamp = max(last applied stamp, min(wall, ceiling))     with an anchor, wall ≥ last stamp
+//! stamp = ceiling                                         with an anchor, wall < last stamp
 //! stamp = max(last applied stamp, wall)                   before this node applied any stamp
 //! ```
+//!
+//! The second line keeps ledger time moving when it is already ahead of this node's wall clock
+//! (a fresh cluster's first leader had a clock far ahead, or this node's clock is behind): it
+//! advances at the real rate this node measures instead of standing still until the wall clock
+//! catches up, so no bucket stops refilling. It can never run faster than real time either way.
 //!
 //! Of all the stamps a node applied, the anchor is the one that allows the most (the greatest
 //! `stamp − monotonic time of apply`): a later entry only moves it when its stamp lies above the
@@ -66,10 +72,12 @@ impl Anchor {
 
 /// The stamp to propose (Unix ms) given this node's `wall_ms`, the last applied stamp
 /// `last_ms`, its anchor (`None` before it applied any stamp) and its monotonic `now_ns`:
-/// `max(last_ms, min(wall_ms, ceiling))`, or `max(last_ms, wall_ms)` without an anchor. Never
-/// below `last_ms`; never above the ceiling unless `last_ms` already is.
+/// `max(last_ms, min(wall_ms, ceiling))`; the ceiling itself when the wall clock is behind
+/// `last_ms` (ledger time then runs at real rate rather than freezing); `max(last_ms, wall_ms)`
+/// without an anchor. Never below `last_ms`; never above the ceiling unless `last_ms` already is.
 pub fn next_stamp(wall_ms: u64, last_ms: u64, anchor: Option<Anchor>, now_ns: u64) -> u64 {
     let bounded = match anchor {
+        Some(a) if wall_ms < last_ms => a.ceiling_ms(now_ns),
         Some(a) => wall_ms.min(a.ceiling_ms(now_ns)),
         None => wall_ms,
     };
@@ -225,18 +233,44 @@ mod tests {
     }
 
     #[test]
-    fn a_wall_clock_behind_slows_ledger_time_but_never_sends_it_back() {
+    fn a_wall_clock_behind_slows_ledger_time_but_never_freezes_or_sends_it_back() {
         // Between the last stamp and the ceiling: the wall clock wins.
         assert_eq!(
             next_stamp(10_100, 10_000, anchor(10_000, 0), 300 * MS),
             10_100
         );
-        // Behind the last stamp: the last stamp.
+        // Behind the last stamp: ledger time runs at real rate from the anchor.
         assert_eq!(
             next_stamp(9_000, 10_000, anchor(10_000, 0), 300 * MS),
-            10_000
+            10_300
         );
-        assert_eq!(next_stamp(0, 10_000, anchor(10_000, 0), u64::MAX), 10_000);
+        assert_eq!(
+            next_stamp(0, 10_000, anchor(10_000, 0), u64::MAX),
+            10_000 + u64::MAX / MS
+        );
+        // No monotonic time elapsed: the last stamp.
+        assert_eq!(next_stamp(0, 10_000, anchor(10_000, 0), 0), 10_000);
+        assert_eq!(
+            next_stamp(0, u64::MAX, anchor(u64::MAX, 0), u64::MAX),
+            u64::MAX
+        );
+    }
+
+    #[test]
+    fn ledger_time_a_day_ahead_of_this_node_keeps_running_at_real_rate() {
+        // A fresh cluster's first leader had no anchor and a clock a day ahead: its stamp is
+        // the ledger's time now. A node with a correct clock must not freeze ledger time until
+        // its own wall clock catches up a day later: it advances by what it measures.
+        let day = 86_400_000;
+        let clock = ManualClock::with_monotonic(50_000, 0);
+        let time = LedgerTime::new(Arc::new(clock.clone()));
+        time.applied(50_000 + day);
+        clock.advance(300);
+        assert_eq!(time.stamp(), 50_000 + day + 300);
+        time.applied(50_000 + day + 300);
+        clock.advance(700);
+        assert_eq!(time.stamp(), 50_000 + day + 1_000);
+        assert_eq!(time.skew_ms(), Some(-86_400_000));
     }
 
     #[test]
@@ -316,7 +350,7 @@ mod tests {
         clock.advance(250);
         assert_eq!(time.stamp(), 49_250);
         clock.set(0);
-        assert_eq!((time.stamp(), time.skew_ms()), (49_000, Some(-49_250)));
+        assert_eq!((time.stamp(), time.skew_ms()), (49_250, Some(-49_250)));
         assert_eq!(time.last_ms(), 49_000);
         assert_eq!(signed_diff(u64::MAX, 0), i64::MAX);
         assert_eq!(signed_diff(0, u64::MAX), i64::MIN);
