@@ -1,12 +1,15 @@
-//! The one mapping of a ledger refusal to the wire (issue 11 item 4): each [`LedgerError`]
-//! variant gets its gRPC code and a machine-readable [`pb::ErrorDetail`] (reason, offending
-//! field, how an allocation ended, which table is full). A unary call answers the code with the
-//! detail in its status details; a Batch item answers the detail as its result.
+//! Errors on the wire (issue 11 item 4). [`ledger_error`] is the one mapping of a ledger refusal:
+//! each [`LedgerError`] variant gets its gRPC code and a machine-readable [`pb::ErrorDetail`]
+//! (reason, offending field, how an allocation ended, which table is full). A unary call answers
+//! the code with the detail in its status details ([`error_detail`]); a Batch item answers the
+//! detail as its result. Not the leader, overload and passed deadlines get their detail here too.
 
-use crate::ledger::LedgerError;
+use crate::ledger::{LedgerError, Response as LResp};
+use crate::raft::{ClientError, CommitError};
 use allot_proto::allot::v1 as pb;
+use allot_proto::error_detail;
 use pb::ErrorReason;
-use tonic::Code;
+use tonic::{Code, Status};
 
 /// An ErrorDetail with `reason` and `message`, other fields empty.
 pub fn detail(reason: ErrorReason, message: impl Into<String>) -> pb::ErrorDetail {
@@ -66,6 +69,74 @@ pub fn ledger_error(e: &LedgerError) -> (Code, pb::ErrorDetail) {
                 ..with(ErrorReason::KeyCapReached)
             },
         ),
+    }
+}
+
+/// FAILED_PRECONDITION carrying where the leader is; UNAVAILABLE while no leader is known (an
+/// election is running), since only a retry later can help then. Either carries a NOT_LEADER
+/// [`pb::ErrorDetail`] (with the leader's id and address when known) in its details.
+pub(super) fn not_leader(leader_id: Option<u64>, leader_addr: Option<String>) -> Status {
+    let Some(id) = leader_id else {
+        let d = detail(
+            pb::ErrorReason::NotLeader,
+            "not the leader, and no leader is known yet; retry shortly",
+        );
+        return error_detail::status(Code::Unavailable, &d);
+    };
+    let d = pb::ErrorDetail {
+        leader_id: Some(id),
+        leader_addr: leader_addr.clone().unwrap_or_default(),
+        ..detail(
+            pb::ErrorReason::NotLeader,
+            format!(
+                "not the leader; leader is {id} at {}",
+                leader_addr.as_deref().unwrap_or("unknown")
+            ),
+        )
+    };
+    error_detail::status(Code::FailedPrecondition, &d)
+}
+
+/// The ErrorDetail of a call refused unapplied by the group commit.
+pub(super) fn commit_detail(e: &CommitError) -> pb::ErrorDetail {
+    let reason = match e {
+        CommitError::Overloaded { .. } => pb::ErrorReason::Overloaded,
+        CommitError::DeadlineExceeded => pb::ErrorReason::DeadlineExceeded,
+        CommitError::Client(_) => pb::ErrorReason::Unspecified,
+    };
+    detail(reason, e.to_string())
+}
+
+/// The status of a failed commit (not-leader forwarding is the caller's).
+pub(super) fn commit_status(e: CommitError) -> Status {
+    match e {
+        CommitError::Overloaded { .. } => {
+            error_detail::status(Code::ResourceExhausted, &commit_detail(&e))
+        }
+        CommitError::DeadlineExceeded => {
+            error_detail::status(Code::DeadlineExceeded, &commit_detail(&e))
+        }
+        CommitError::Client(ClientError::NotLeader {
+            leader_id,
+            leader_addr,
+        }) => not_leader(leader_id, leader_addr),
+        // Raft stopped under the write: it may or may not have committed.
+        CommitError::Client(e) => Status::unavailable(format!("write outcome unknown: {e}")),
+    }
+}
+
+/// The status of a unary call the ledger refused: the code and, in its details, the
+/// [`pb::ErrorDetail`] of [`ledger_error`].
+pub(super) fn ledger_status(e: LedgerError) -> Status {
+    let (code, d) = ledger_error(&e);
+    error_detail::status(code, &d)
+}
+
+/// The status of a ledger response of another kind than the call expects.
+pub(super) fn unexpected(r: LResp) -> Status {
+    match r {
+        LResp::Rejected(e) => ledger_status(e),
+        other => Status::internal(format!("unexpected ledger response {other:?}")),
     }
 }
 

@@ -1,14 +1,14 @@
-//! The lease items of the API (Acquire, Report, Release, Decide), unary or in a Batch: proto
-//! request → ledger command, ledger response → proto answer (a refused item answers the
-//! [`pb::ErrorDetail`] of `errors::ledger_error`).
+//! pb ↔ ledger conversion: proto request → ledger command, ledger response → proto answer, for
+//! the lease items (Acquire, Report, Release, Decide; unary or in a Batch, where a refused item
+//! answers the [`pb::ErrorDetail`] of `errors::ledger_error`), keys, shares and status.
 
 use super::errors::{detail, ledger_error};
-use super::policy_key;
 use crate::ledger::{self, Command, LedgerError, Response as LResp};
 use allot_proto::allot::v1 as pb;
 use pb::batch_item::Op;
 use pb::batch_result::Outcome;
 use pb::ErrorReason;
+use tonic::Status;
 
 /// The ledger command of an Acquire request; `None` without a key.
 pub fn acquire_command(b: pb::AcquireRequest) -> Option<Command> {
@@ -161,4 +161,64 @@ fn unexpected(r: LResp) -> Outcome {
         ErrorReason::Unspecified,
         format!("unexpected ledger response {r:?}"),
     ))
+}
+
+/// Proto policy key → ledger policy key.
+pub fn policy_key(k: Option<pb::PolicyKey>) -> Result<ledger::PolicyKey, Status> {
+    let k = k.ok_or_else(|| Status::invalid_argument("key is required"))?;
+    Ok(ledger::PolicyKey {
+        domain: k.domain,
+        entries: k.entries.into_iter().map(|e| (e.key, e.value)).collect(),
+    })
+}
+
+/// Ledger region status → proto.
+pub fn region_status(r: ledger::RegionStatus) -> pb::RegionStatus {
+    pb::RegionStatus {
+        region: r.region,
+        live_allocations: r.live_allocations,
+        granted: r.granted,
+        reported: r.reported,
+        stranded: r.stranded,
+        overshoot_bound: r.overshoot_bound,
+        part_ppm: r.share_ppm,
+        share_ppm: r.guarantee_ppm,
+        reserved_ppm: r.reserved_ppm,
+    }
+}
+
+/// Proto region shares → ledger shares.
+///
+/// # Errors
+/// INVALID_ARGUMENT naming a region whose share is missing.
+pub fn shares(shares: &[pb::RegionShare]) -> Result<Vec<ledger::ShareSpec>, Status> {
+    shares
+        .iter()
+        .map(|s| {
+            let share = match s.share {
+                Some(pb::region_share::Share::FractionPpm(p)) => ledger::Share::Ppm(p),
+                Some(pb::region_share::Share::AbsoluteRate(r)) => ledger::Share::Rate(r),
+                None => {
+                    return Err(Status::invalid_argument(format!(
+                        "share of region {:?} is missing",
+                        s.region
+                    )))
+                }
+            };
+            Ok(ledger::ShareSpec {
+                region: s.region.clone(),
+                share,
+            })
+        })
+        .collect()
+}
+
+/// Ledger table usage → proto.
+pub fn table_usage(u: &ledger::TableUsage) -> pb::TableUsage {
+    pb::TableUsage {
+        table: u.table.name().to_string(),
+        entries: u.entries,
+        refused: u.counters.refused,
+        evicted: u.counters.evicted,
+    }
 }
