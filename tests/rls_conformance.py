@@ -240,17 +240,23 @@ class ShouldRateLimit(unittest.TestCase):
             self.assertFalse(s.HasField("duration_until_reset"))
         self.assertEqual(headers(r), [])
 
-    def test_invalid_input_is_invalid_argument_and_spends_nothing(self):
+    def test_invalid_input_is_over_limit_with_its_reason_and_spends_nothing(self):
+        # Envoy lets a request through on an RLS error by default and descriptor values come
+        # from request headers: invalid input is refused as OVER_LIMIT, never an error.
         cases = [
             (dict(descriptors=[]), "no descriptors"),
             (dict(descriptors=[descriptor([("tokens", "")])]), "value is empty"),
             (dict(descriptors=[descriptor([("tokens", "t4")], hits=1 << 32)]), "hits_addend"),
+            (dict(descriptors=[descriptor([("tokens", "x" * 2048)])]), "value is 2048 bytes"),
         ]
         for kwargs, message in cases:
-            with self.assertRaises(grpc.RpcError) as e:
-                ask(**kwargs)
-            self.assertEqual(e.exception.code(), grpc.StatusCode.INVALID_ARGUMENT, message)
-            self.assertIn(message, e.exception.details())
+            r = ask(**kwargs)
+            self.assertEqual(r.overall_code, OVER_LIMIT, message)
+            self.assertTrue(all(s.code == OVER_LIMIT for s in r.statuses), message)
+            self.assertNotIn("retry-after", [h.key for h in r.response_headers_to_add])
+            body = json.loads(r.raw_body)
+            self.assertEqual(body["error"], "invalid_argument", message)
+            self.assertIn(message, body["message"])
         r = ask([descriptor([("tokens", "t4")], hits=0)])
         self.assertEqual(r.statuses[0].limit_remaining, 100)
 

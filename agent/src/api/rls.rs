@@ -11,8 +11,14 @@
 //! (issue 10 item 16): a cost beyond the limit's capacity is OVER_LIMIT with no `retry-after`
 //! (it can never pass, as in the decision core's answer). An unknown domain is OK with one status
 //! per descriptor and no limit, as envoyproxy/ratelimit answers it: no configured limit applies.
-//! Malformed input (empty or oversized descriptors, a cost beyond `u32`, `is_negative_hits`) is
-//! INVALID_ARGUMENT with a message naming the problem; nothing is spent. A descriptor's `limit`
+//! Invalid input (empty or oversized descriptors, a cost beyond `u32`, `is_negative_hits`) is
+//! refused the same way, never as an error: descriptor values usually come from request headers,
+//! so an INVALID_ARGUMENT for a 2 KB `x-tenant` header would let that client past every limit.
+//! It is OVER_LIMIT on every descriptor, without `retry-after`, with
+//! `{"error":"invalid_argument","message":…}` naming the problem as `raw_body` (the body Envoy
+//! sends with its 429); nothing is spent and the agent counts it as invalid. Only a body that is
+//! not a protobuf at all is INVALID_ARGUMENT (tonic refuses it before it reaches here; Envoy
+//! never sends one). A descriptor's `limit`
 //! override is ignored: the configured limit always applies (an override from the data plane
 //! would let any client raise its own limit).
 
@@ -121,6 +127,30 @@ fn unknown_domain(descriptors: usize) -> RateLimitResponse {
     }
 }
 
+/// The answer for a request the agent cannot decide because its input is invalid (`e`, already
+/// counted): OVER_LIMIT on every descriptor with no `retry-after` and the reason as a JSON
+/// `raw_body`, never an RLS error (Envoy lets a request through on one by default).
+fn refused_invalid(descriptors: usize, e: &ApiError) -> RateLimitResponse {
+    let over = rate_limit_response::Code::OverLimit as i32;
+    let body = serde_json::json!({"error": "invalid_argument", "message": e.to_string()});
+    RateLimitResponse {
+        overall_code: over,
+        statuses: (0..descriptors)
+            .map(|_| PbStatus {
+                code: over,
+                ..Default::default()
+            })
+            .collect(),
+        response_headers_to_add: vec![HeaderValue {
+            key: "content-type".to_string(),
+            value: "application/json".to_string(),
+            raw_value: Vec::new(),
+        }],
+        raw_body: body.to_string().into_bytes(),
+        ..Default::default()
+    }
+}
+
 /// Envoy's unit for a configured unit.
 fn unit(u: Unit) -> PbUnit {
     match u {
@@ -195,6 +225,14 @@ impl RateLimitService for RlsService {
         &self,
         request: TonicRequest<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
-        Ok(Response::new(self.decide(request.get_ref()).await?))
+        let r = request.get_ref();
+        match self.decide(r).await {
+            Ok(resp) => Ok(Response::new(resp)),
+            // Fail closed: an error would let the request through Envoy (issue 10 item 16).
+            Err(e) if e.is_invalid_argument() => {
+                Ok(Response::new(refused_invalid(r.descriptors.len(), &e)))
+            }
+            Err(e) => Err(e.into()),
+        }
     }
 }

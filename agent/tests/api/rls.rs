@@ -193,7 +193,7 @@ async fn hits_addend_request_and_per_descriptor() {
 }
 
 #[tokio::test]
-async fn invalid_input_is_invalid_argument_and_spends_nothing() {
+async fn invalid_input_is_over_limit_with_its_reason_and_spends_nothing() {
     let r = rig(LOCAL);
     let svc = RlsService::new(r.gateway.clone());
     let mut huge = rls("edge", &[], 0);
@@ -217,15 +217,37 @@ async fn invalid_input_is_invalid_argument_and_spends_nothing() {
         (rls("edge", &many, 0), "request has 33 descriptors"),
         (negative, "is_negative_hits is not supported"),
     ];
+    // Envoy lets a request through on an RLS error by default, and descriptor values come from
+    // request headers: invalid input must be refused as OVER_LIMIT, never as an error.
     for (req, msg) in cases {
-        let e = call(&svc, req).await.unwrap_err();
-        assert_eq!(e.code(), tonic::Code::InvalidArgument, "{msg}: {e:?}");
+        let n = req.descriptors.len();
+        let resp = call(&svc, req).await.expect("never an RLS error");
+        assert_eq!(resp.overall_code, Code::OverLimit as i32, "{msg}");
+        assert_eq!(resp.statuses.len(), n, "{msg}");
         assert!(
-            e.message().contains(msg),
-            "{:?} does not name {msg:?}",
-            e.message()
+            resp.statuses
+                .iter()
+                .all(|s| s.code == Code::OverLimit as i32),
+            "{msg}"
         );
+        assert!(
+            !resp
+                .response_headers_to_add
+                .iter()
+                .any(|h| h.key == "retry-after"),
+            "{msg}: retrying cannot help"
+        );
+        let body: serde_json::Value = serde_json::from_slice(&resp.raw_body).expect("JSON body");
+        assert_eq!(body["error"], "invalid_argument", "{msg}");
+        let text = body["message"].as_str().unwrap_or_default();
+        assert!(text.contains(msg), "{text:?} does not name {msg:?}");
     }
+    // A 2 KB header value (descriptor values come from headers) is refused, not let through.
+    let long = "x".repeat(2048);
+    let resp = call(&svc, rls("edge", &[&[("tokens", long.as_str())]], 0))
+        .await
+        .expect("never an RLS error");
+    assert_eq!(resp.overall_code, Code::OverLimit as i32);
     let mut peek = rls("edge", &[], 0);
     peek.descriptors.push(rls_desc(&[("tokens", "t")], Some(0)));
     let resp = call(&svc, peek).await.unwrap();
