@@ -47,6 +47,7 @@ impl Ledger {
             holder: &a.holder,
             want: a.want,
             demand_per_s: a.demand_per_s,
+            allocates: true,
         };
         let t = self.prepare(&a.key, &a.region, &demand, now)?;
         let r = self.grant(a, &demand, &t, now);

@@ -49,6 +49,7 @@ impl Ledger {
             holder: &d.holder,
             want: d.cost,
             demand_per_s: 0,
+            allocates: false,
         };
         let t = self.prepare(&d.key, &d.region, &demand, now)?;
         let r = self.decide_prepared(d, &t, now);

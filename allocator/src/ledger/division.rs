@@ -24,6 +24,8 @@ pub(super) struct Demand<'a> {
     pub(super) want: Micros,
     /// Measured demand, microtokens per second; 0 when unknown.
     pub(super) demand_per_s: u64,
+    /// Whether the request makes an allocation when granted (an Acquire; a Decide does not).
+    pub(super) allocates: bool,
 }
 
 /// A holder's latest Acquire (or Decide) for one key, kept for fair division.

@@ -154,7 +154,8 @@ pub enum LedgerError {
         total_ppm: u64,
     },
     /// A table keyed by client-chosen values is at its cap and nothing in it can be evicted
-    /// (for holders: none of them is older than the idle window).
+    /// (for holders: none of them is older than the idle window; for allocations: none has
+    /// ended).
     #[error("{table} is full ({cap} entries), none idle")]
     TableFull {
         /// Which table.
@@ -240,6 +241,13 @@ pub enum Table {
         /// The region.
         region: String,
     },
+    /// The live allocations of one policy key in one region (`lease.max_allocations`).
+    Allocations {
+        /// Policy (limit) name.
+        policy: String,
+        /// The region.
+        region: String,
+    },
 }
 
 impl Table {
@@ -249,6 +257,7 @@ impl Table {
             Table::PolicyKeys { .. } => "policy_keys",
             Table::Regions { .. } => "regions",
             Table::Holders { .. } => "holders",
+            Table::Allocations { .. } => "allocations",
         }
     }
 }
@@ -261,6 +270,10 @@ impl std::fmt::Display for Table {
             Table::Holders { policy, region } => write!(
                 f,
                 "the holder table of a key of limit {policy} in region {region:?}"
+            ),
+            Table::Allocations { policy, region } => write!(
+                f,
+                "the live allocations of a key of limit {policy} in region {region:?}"
             ),
         }
     }

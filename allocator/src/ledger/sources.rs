@@ -138,7 +138,8 @@ impl Ledger {
         let share = self.region_share(&rule.id, region)?;
         let activated_ns = millis_to_nanos(self.activated_at(&key.domain));
         let now_ns = millis_to_nanos(now);
-        if let Some(e) = self.table_full(&kid, &rule, region, demand.holder, now) {
+        let who = (region, demand.holder);
+        if let Some(e) = self.table_full(&kid, &rule, who, demand.allocates, now) {
             if let LedgerError::TableFull { table, .. } = &e {
                 self.stats.refused(super::tables::kind_of(table));
             }

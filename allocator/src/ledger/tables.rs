@@ -6,7 +6,9 @@
 //!   buckets full, no calendar usage of the current period: evicting it loses nothing) is
 //!   evicted to make room, else the new key is refused;
 //! * regions per policy key: `lease.max_regions`; holders whose recent asks are kept per key and
-//!   region: `lease.max_holders` (asks older than the idle window do not count);
+//!   region: `lease.max_holders` (asks older than the idle window do not count); live
+//!   allocations per key and region: `lease.max_allocations` (each Acquire of a new request id
+//!   can make one; ended ones are forgotten within bounds, [`super::MAX_ENDED_KEPT`]);
 //! * remembered answers of Acquire / Decide: [`super::MAX_REMEMBERED_REQUESTS`], and of admin
 //!   writes: [`super::MAX_REMEMBERED_ADMIN`] (caches: the oldest are forgotten first, counted as
 //!   evicted when before their retention ended).
@@ -42,6 +44,8 @@ pub enum TableKind {
     Regions,
     /// Holders asking for one policy key in one region (`lease.max_holders`).
     Holders,
+    /// Live allocations of one policy key in one region (`lease.max_allocations`).
+    Allocations,
     /// Remembered Acquire and Decide answers, by (holder, request id).
     Requests,
     /// Remembered admin write answers, by request id.
@@ -50,10 +54,11 @@ pub enum TableKind {
 
 impl TableKind {
     /// Every table, in the order they are reported.
-    pub const ALL: [TableKind; 5] = [
+    pub const ALL: [TableKind; 6] = [
         TableKind::Keys,
         TableKind::Regions,
         TableKind::Holders,
+        TableKind::Allocations,
         TableKind::Requests,
         TableKind::AdminRequests,
     ];
@@ -64,6 +69,7 @@ impl TableKind {
             TableKind::Keys => "policy_keys",
             TableKind::Regions => "regions",
             TableKind::Holders => "holders",
+            TableKind::Allocations => "allocations",
             TableKind::Requests => "requests",
             TableKind::AdminRequests => "admin_requests",
         }
@@ -268,6 +274,7 @@ pub(super) fn kind_of(t: &Table) -> TableKind {
         Table::PolicyKeys { .. } => TableKind::Keys,
         Table::Regions { .. } => TableKind::Regions,
         Table::Holders { .. } => TableKind::Holders,
+        Table::Allocations { .. } => TableKind::Allocations,
     }
 }
 
@@ -359,15 +366,16 @@ impl Ledger {
         self.stats.evicted(TableKind::Keys);
     }
 
-    /// The refusal a new (region, holder) of an existing key meets, checked before anything
-    /// changes: the key's regions are at `lease.max_regions`, or `lease.max_holders` holders
-    /// asked in the region within the idle window.
+    /// The refusal a request of `holder` in `region` for an existing key meets, checked before
+    /// anything changes: the key's regions are at `lease.max_regions`, `lease.max_holders`
+    /// holders asked in the region within the idle window, or (when it would make an
+    /// allocation) the region's live allocations are at `lease.max_allocations`.
     pub(super) fn table_full(
         &self,
         kid: &KeyId,
         rule: &Rule,
-        region: &str,
-        holder: &str,
+        (region, holder): (&str, &str),
+        allocates: bool,
         now: u64,
     ) -> Option<LedgerError> {
         let ks = self.keys.get(kid)?;
@@ -376,6 +384,14 @@ impl Ledger {
             return Some(LedgerError::TableFull {
                 table: Table::Regions { policy },
                 cap: rule.lease.max_regions,
+            });
+        }
+        let live = ks.regions.get(region).map_or(0, |r| r.live);
+        if allocates && live >= rule.lease.max_allocations {
+            let region = region.to_string();
+            return Some(LedgerError::TableFull {
+                table: Table::Allocations { policy, region },
+                cap: rule.lease.max_allocations,
             });
         }
         let asks = self.demands.get(&(kid.clone(), region.to_string()))?;
@@ -406,6 +422,7 @@ impl Ledger {
                     TableKind::Keys => self.keys.len() as u64,
                     TableKind::Regions => self.index.regions,
                     TableKind::Holders => self.index.asks,
+                    TableKind::Allocations => self.deadlines.len() as u64,
                     TableKind::Requests => self.requests.len() as u64,
                     TableKind::AdminRequests => self.admin.len() as u64,
                 },

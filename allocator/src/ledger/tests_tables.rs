@@ -264,3 +264,62 @@ fn a_snapshot_keeps_the_idle_index_and_replicas_evict_alike() {
     assert_eq!(restored.snapshot(), l.snapshot());
     assert!(usage(&l, TableKind::Keys).counters.evicted > 0);
 }
+
+/// Each Acquire of a new request id can make an allocation (a grant of a fraction of a token
+/// costs one microtoken): live allocations per key and region stop at `lease.max_allocations`
+/// until one ends; central decisions, which make none, still pass.
+#[test]
+fn a_flood_of_tiny_acquires_stops_at_max_allocations_per_key_and_region() {
+    let mut l = ledger("domain: api\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: second, requests_per_unit: 10, burst: 10, lease: {ttl_ms: 5000, max_grant: 10, max_allocations: 3}}\n");
+    let mut grants = Vec::new();
+    for i in 0..3 {
+        match step(&mut l, &ask("acme", "eu", "gw", 1, &format!("a{i}")), T0) {
+            Response::Granted(g) => grants.push(g),
+            other => panic!("{other:?}"),
+        }
+    }
+    for i in 3..500 {
+        let cmd = ask("acme", "eu", "gw", 1, &format!("a{i}"));
+        refused_unchanged(&mut l, &cmd, T0, TableKind::Allocations);
+    }
+    // Another region of the key has its own allocations; a decision makes none.
+    assert!(matches!(
+        step(&mut l, &ask("acme", "us", "gw", 1, "us"), T0),
+        Response::Granted(_)
+    ));
+    let decide = Command::Decide(Decide {
+        key: key("acme"),
+        region: "eu".into(),
+        holder: "gw".into(),
+        cost: 1,
+        request_id: "d".into(),
+    });
+    assert!(matches!(
+        step(&mut l, &decide, T0),
+        Response::Decided(Decided { allowed: true, .. })
+    ));
+    let u = usage(&l, TableKind::Allocations);
+    assert_eq!((u.entries, u.counters.refused), (4, 497));
+    // A released allocation makes room for one more.
+    let g = grants[0];
+    let release = Command::Release {
+        allocation_id: g.allocation_id,
+        epoch: g.epoch,
+        holder: "gw".into(),
+        final_spend: 1,
+    };
+    assert!(matches!(
+        step(&mut l, &release, T0),
+        Response::Released { .. }
+    ));
+    assert!(matches!(
+        step(&mut l, &ask("acme", "eu", "gw", 1, "after"), T0),
+        Response::Granted(_)
+    ));
+    refused_unchanged(
+        &mut l,
+        &ask("acme", "eu", "gw", 1, "more"),
+        T0,
+        TableKind::Allocations,
+    );
+}

@@ -21,8 +21,9 @@
 //!           max_in_flight: 50   # optional concurrency cap per key (agent only)
 //!           fuse: {requests_per_unit: 100, burst: 200}  # loose local flood fuse (agent only)
 //!           lease: {ttl_ms: 5000, max_grant: 20, max_drift_ms: 500}   # allocator leasing
-//!           # lease also takes max_regions: 64 (regions per key) and max_holders: 1024
-//!           # (holders per key and region) that the allocator keeps state for
+//!           # lease also takes max_regions: 64 (regions per key), max_holders: 1024 (holders
+//!           # per key and region) and max_allocations: 4096 (live allocations per key and
+//!           # region) that the allocator keeps state for
 //!           quota: {limit: 20000000, period: month}                  # calendar budget (UTC)
 //!           regions: [{region: eu-west, share: "50%"}, {region: us-east, rate: 4}]
 //!           shares_mode: weighted   # weighted (shares are guarantees and weights) | cap
@@ -152,6 +153,10 @@ pub struct LeaseSettings {
     /// for fair division (default [`DEFAULT_MAX_HOLDERS`]); an ask from one more holder while
     /// that many asked within the idle window is refused with RESOURCE_EXHAUSTED.
     pub max_holders: u64,
+    /// Most live allocations the allocator keeps per policy key and region (default
+    /// [`DEFAULT_MAX_ALLOCATIONS`]): each Acquire of a client-chosen request id can make one,
+    /// so an Acquire beyond it is refused with RESOURCE_EXHAUSTED until one ends.
+    pub max_allocations: u64,
 }
 
 /// Default of `lease.max_regions`: regions kept per policy key.
@@ -160,7 +165,11 @@ pub const DEFAULT_MAX_REGIONS: u64 = 64;
 /// Default of `lease.max_holders`: holders whose asks are kept per policy key and region.
 pub const DEFAULT_MAX_HOLDERS: u64 = 1_024;
 
-/// Largest `lease.max_regions` and `lease.max_holders`: the allocator scans these tables on
+/// Default of `lease.max_allocations`: live allocations kept per policy key and region (a few
+/// per holder at the default `max_holders`).
+pub const DEFAULT_MAX_ALLOCATIONS: u64 = 4 * DEFAULT_MAX_HOLDERS;
+
+/// Largest `lease.max_regions`, `lease.max_holders` and `lease.max_allocations`: the allocator scans these tables on
 /// a key's grant path, so they stay small.
 pub const MAX_TABLE_CAP: u64 = 1 << 16;
 

@@ -74,6 +74,7 @@ pub(crate) struct RawLease {
     pub max_drift_ms: Option<Scalar>,
     pub max_regions: Option<Scalar>,
     pub max_holders: Option<Scalar>,
+    pub max_allocations: Option<Scalar>,
 }
 
 /// `rate_limit.fuse`: a loose local bucket an agent checks before the lease path.

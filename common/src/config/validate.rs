@@ -3,8 +3,9 @@
 use super::raw::{RawDescriptor, RawDomain, RawRateLimit, RawRegion, Scalar};
 use super::{
     CalendarPeriod, CalendarQuota, Children, ConfigError, DomainConfig, FailureMode, LeaseSettings,
-    Node, RegionShare, Rule, RuleLimit, Scope, SharesMode, Unit, DEFAULT_MAX_HOLDERS,
-    DEFAULT_MAX_KEYS, DEFAULT_MAX_REGIONS, MAX_SLIDING_LOG_LIMIT, MAX_TABLE_CAP, PPM,
+    Node, RegionShare, Rule, RuleLimit, Scope, SharesMode, Unit, DEFAULT_MAX_ALLOCATIONS,
+    DEFAULT_MAX_HOLDERS, DEFAULT_MAX_KEYS, DEFAULT_MAX_REGIONS, MAX_SLIDING_LOG_LIMIT,
+    MAX_TABLE_CAP, PPM,
 };
 use crate::algorithm::{AlgorithmKind, LimitParams};
 use crate::descriptor::MAX_PART_BYTES;
@@ -454,6 +455,7 @@ fn lease(
         max_drift_ms: 500,
         max_regions: DEFAULT_MAX_REGIONS,
         max_holders: DEFAULT_MAX_HOLDERS,
+        max_allocations: DEFAULT_MAX_ALLOCATIONS,
     };
     let Some(l) = &rl.lease else {
         return Ok(lease);
@@ -482,6 +484,10 @@ fn lease(
     }
     if let Some(v) = cx.positive(&format!("{lp}.max_holders"), holders, MAX_TABLE_CAP)? {
         lease.max_holders = v;
+    }
+    let allocations = l.max_allocations.as_ref();
+    if let Some(v) = cx.positive(&format!("{lp}.max_allocations"), allocations, MAX_TABLE_CAP)? {
+        lease.max_allocations = v;
     }
     Ok(lease)
 }
@@ -703,6 +709,7 @@ mod tests {
                 max_drift_ms: 100,
                 max_regions: DEFAULT_MAX_REGIONS,
                 max_holders: DEFAULT_MAX_HOLDERS,
+                max_allocations: DEFAULT_MAX_ALLOCATIONS,
             }
         );
         let shares: Vec<(&str, u32)> = r
@@ -725,7 +732,8 @@ mod tests {
         let e = err("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 10, quota: {limit: 5, period: year}}\n");
         assert!(e.contains("quota.period") && e.contains("year"), "{e}");
         // Table caps: explicit values, at least the configured regions, at most MAX_TABLE_CAP.
-        let d = domain("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 2, lease: {max_regions: 2, max_holders: 3}}\n", Path::new("t.yaml")).unwrap();
+        let d = domain("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 2, lease: {max_regions: 2, max_holders: 3, max_allocations: 5}}\n", Path::new("t.yaml")).unwrap();
+        assert_eq!(d.rules[0].lease.max_allocations, 5);
         assert_eq!(
             (d.rules[0].lease.max_regions, d.rules[0].lease.max_holders),
             (2, 3)
