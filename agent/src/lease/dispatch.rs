@@ -1,5 +1,6 @@
 //! Sending lease work to the allocator (issue 9 item 3): every key's Acquire, Report, Release
-//! and Decide queued since the last send goes out in **one** `Batch` call, which carries the
+//! and Decide queued since the last send goes out in **one** `Batch` call (at most
+//! [`MAX_CALLS_IN_FLIGHT`] of them in flight per agent), which carries the
 //! caller's deadline (`grpc-timeout` = `call_timeout_ms`); the allocator applies it in one
 //! group commit. An allocator that does not serve `Batch` (UNIMPLEMENTED: an older version)
 //! gets the same items as single calls, sent concurrently; `Batch` is tried again later.
@@ -28,6 +29,12 @@ pub enum Answer {
 
 /// Most items in one `Batch`; more wait for the next send (right after this one).
 pub const MAX_BATCH_ITEMS: usize = 1024;
+
+/// Most `Batch` calls one agent has in flight at once (issue 9 item 3): enough that a
+/// decision does not wait behind a previous call's round trip and Raft commit, few enough
+/// that an agent's calls still share entries on the allocator (one Batch carries everything
+/// queued while the others were in flight).
+pub const MAX_CALLS_IN_FLIGHT: usize = 4;
 
 /// How long after an UNIMPLEMENTED `Batch` the agent sends single calls before trying
 /// `Batch` again (the allocator may have been upgraded).

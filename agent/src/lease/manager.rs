@@ -3,10 +3,12 @@
 //! final spend, prefetch below the low watermark, decide central keys' requests, promote and
 //! demote keys, and release everything on shutdown.
 //!
-//! Work is queued ([`Pending`]) and sent by one call at a time ([`Dispatcher`]): at once when
-//! no call is in flight (a lone request pays one round trip), else with everything queued
-//! meanwhile when the call in flight returns — so a tick's reports and releases for every key,
-//! and the Acquires and Decides of concurrent requests, travel in one `Batch`. After a call no
+//! Work is queued ([`WorkQueue`]: urgent Decides and Acquires, routine Reports and Releases) and
+//! sent in `Batch` calls ([`Dispatcher`]), up to [`MAX_CALLS_IN_FLIGHT`] at once: at once while a
+//! slot is free (a lone request pays one round trip), else with everything queued meanwhile when
+//! a call returns — so a tick's reports and releases for every key travel in one `Batch`, and
+//! the Decides and Acquires of concurrent requests share calls without waiting behind a whole
+//! previous call's round trip and commit. One slot is kept for urgent work. After a call no
 //! allocator answered, the next waits a jittered, growing backoff ([`Backoff`]).
 
 use super::allocation::HeldAllocation;
@@ -15,7 +17,8 @@ use super::book::{ms, KeyLease, LeaseBook, LeaseEvent};
 use super::client::AllocatorLink;
 use super::client::CallError;
 use super::close::close_all;
-use super::dispatch::{Answer, Dispatcher, MAX_BATCH_ITEMS};
+use super::dispatch::{Answer, Dispatcher, MAX_BATCH_ITEMS, MAX_CALLS_IN_FLIGHT};
+use super::queue::{Pending, WorkQueue};
 use super::settings::LeaseSettings;
 use allot_common::keyed::Keyed;
 use allot_common::units::{Micros, Nanos, MICROS_PER_TOKEN, NANOS_PER_SEC};
@@ -23,38 +26,19 @@ use allot_proto::allot::v1 as pb;
 use parking_lot::Mutex;
 use pb::batch_item::Op;
 use pb::batch_result::Outcome;
-use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinSet;
 
-/// Lease work waiting to be sent; composed into its request when the call is sent, so an
-/// Acquire asks for what the decisions waiting *then* need.
-#[derive(Debug)]
-enum Pending {
-    Acquire(Arc<Keyed<KeyLease>>),
-    Report(Arc<Keyed<KeyLease>>, Arc<HeldAllocation>),
-    Release(Arc<Keyed<KeyLease>>, Arc<HeldAllocation>),
-    Decide(Arc<Keyed<KeyLease>>, Micros, oneshot::Sender<()>),
-}
-
-impl Pending {
-    fn key(&self) -> &Arc<Keyed<KeyLease>> {
-        match self {
-            Pending::Acquire(k)
-            | Pending::Report(k, _)
-            | Pending::Release(k, _)
-            | Pending::Decide(k, _, _) => k,
-        }
-    }
-}
-
-/// The queue, with the allocations that have a Report or Release in it (each at most once).
+/// When sending resumes after a call no allocator answered. `generation` counts the pauses:
+/// a call carries the generation it was sent in, and only a failure of a call sent since the
+/// last pause began grows the backoff (calls in flight when it began fail for the same outage).
 #[derive(Debug, Default)]
-struct Queue {
-    items: VecDeque<Pending>,
-    queued: HashSet<u64>,
+struct Pause {
+    until: Option<tokio::time::Instant>,
+    generation: u64,
 }
 
 /// Runs the lease path of one agent.
@@ -64,7 +48,7 @@ pub struct LeaseManager {
     request_seq: AtomicU64,
     /// Time of the previous maintenance pass, ns (demand is measured over the real interval).
     last_pass: AtomicU64,
-    queue: Mutex<Queue>,
+    queue: Mutex<WorkQueue>,
     backoff: Mutex<Backoff>,
 }
 
@@ -86,6 +70,8 @@ impl LeaseManager {
 
     /// Serves lease events and runs maintenance every report interval until `shutdown` turns
     /// true (or every sender is gone); then releases every allocation with its final spend.
+    /// Up to [`MAX_CALLS_IN_FLIGHT`] calls are in flight at once, one slot kept for urgent
+    /// work (Decides, Acquires): a decision never waits behind another call's round trip.
     pub async fn run(
         self,
         mut events: mpsc::UnboundedReceiver<LeaseEvent>,
@@ -95,12 +81,11 @@ impl LeaseManager {
         let period = Duration::from_millis(me.book.settings().report_interval_ms.max(10));
         let mut tick = tokio::time::interval(period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut in_flight: Option<tokio::task::JoinHandle<bool>> = None;
-        let mut resume_at: Option<tokio::time::Instant> = None;
+        let mut calls: JoinSet<(u64, bool)> = JoinSet::new();
+        let mut pause = Pause::default();
         loop {
-            if in_flight.is_none() && resume_at.is_none() && !me.queue.lock().items.is_empty() {
-                let m = me.clone();
-                in_flight = Some(tokio::spawn(async move { m.send_once().await }));
+            if pause.until.is_none() {
+                me.launch(&mut calls, pause.generation);
             }
             tokio::select! {
                 ev = events.recv() => match ev {
@@ -108,12 +93,12 @@ impl LeaseManager {
                     None => break,
                 },
                 _ = tick.tick() => me.collect(),
-                up = async { in_flight.as_mut().expect("guarded").await }, if in_flight.is_some() => {
-                    in_flight = None;
-                    resume_at = me.after_send(up.unwrap_or(false));
+                Some(done) = calls.join_next(), if !calls.is_empty() => {
+                    let (sent_in, up) = done.unwrap_or((pause.generation, false));
+                    me.after_send(&mut pause, sent_in, up);
                 }
-                _ = async { tokio::time::sleep_until(resume_at.expect("guarded")).await }, if resume_at.is_some() => {
-                    resume_at = None;
+                _ = async { tokio::time::sleep_until(pause.until.expect("guarded")).await }, if pause.until.is_some() => {
+                    pause.until = None;
                 }
                 r = shutdown.changed() => {
                     if r.is_err() || *shutdown.borrow() {
@@ -124,20 +109,34 @@ impl LeaseManager {
         }
         // Nothing queued from now on is sent: decisions stop waiting for calls.
         me.book.stop_leasing();
-        if let Some(h) = in_flight {
-            let _ = h.await;
-        }
+        while calls.join_next().await.is_some() {}
         me.release_all().await;
     }
 
-    /// The backoff after a send: `None` when an allocator answered, else when to send next.
-    fn after_send(&self, up: bool) -> Option<tokio::time::Instant> {
+    /// Starts calls for the queued work while a slot is free; a call of routine work only
+    /// (Reports, Releases) never takes the last slot. `generation`: the current pause count.
+    fn launch(self: &Arc<Self>, calls: &mut JoinSet<(u64, bool)>, generation: u64) {
+        while calls.len() < MAX_CALLS_IN_FLIGHT {
+            let routine = calls.len() + 1 < MAX_CALLS_IN_FLIGHT;
+            let batch = self.queue.lock().take(MAX_BATCH_ITEMS, routine);
+            if batch.is_empty() {
+                return;
+            }
+            let m = self.clone();
+            calls.spawn(async move { (generation, m.send(batch).await) });
+        }
+    }
+
+    /// The backoff after a call sent in pause generation `sent_in`: an answered call ends any
+    /// pause; an unanswered one sent since the last pause began starts a new, longer one.
+    fn after_send(&self, pause: &mut Pause, sent_in: u64, up: bool) {
         let mut b = self.backoff.lock();
         if up {
             b.succeeded();
-            None
-        } else {
-            Some(tokio::time::Instant::now() + b.failed())
+            pause.until = None;
+        } else if sent_in == pause.generation {
+            pause.generation = pause.generation.wrapping_add(1);
+            pause.until = Some(tokio::time::Instant::now() + b.failed());
         }
     }
 
@@ -146,15 +145,12 @@ impl LeaseManager {
             LeaseEvent::Acquire(kl) => Pending::Acquire(kl),
             LeaseEvent::Decide(kl, cost, done) => Pending::Decide(kl, cost, done),
         };
-        self.queue.lock().items.push_back(p);
+        self.queue.lock().push(p);
     }
 
-    /// Queues a Report or Release of `a` unless one is queued already.
-    fn enqueue_allocation(&self, p: Pending, id: u64) {
-        let mut q = self.queue.lock();
-        if q.queued.insert(id) {
-            q.items.push_back(p);
-        }
+    /// Queues a Report or Release unless one of its allocation is queued or in flight.
+    fn enqueue_allocation(&self, p: Pending) {
+        self.queue.lock().push(p);
     }
 
     /// One maintenance pass, sent at once: every key's demand, reports, releases, prefetch,
@@ -163,7 +159,7 @@ impl LeaseManager {
     /// the same every report interval without waiting.
     pub async fn maintain(&self) {
         self.collect();
-        while !self.queue.lock().items.is_empty() {
+        while !self.queue.lock().is_empty() {
             self.send_once().await;
         }
     }
@@ -207,9 +203,9 @@ impl LeaseManager {
                 // Never released (unreachable allocator): it has expired there by now.
                 v.protocol.remove(a.id);
             } else if finished {
-                self.enqueue_allocation(Pending::Release(kl.clone(), a.clone()), a.id);
+                self.enqueue_allocation(Pending::Release(kl.clone(), a.clone()));
             } else if a.spent() > a.reported() {
-                self.enqueue_allocation(Pending::Report(kl.clone(), a.clone()), a.id);
+                self.enqueue_allocation(Pending::Report(kl.clone(), a.clone()));
             }
         }
         if self.book.is_central(v) {
@@ -228,24 +224,15 @@ impl LeaseManager {
         }
     }
 
-    /// Sends up to [`MAX_BATCH_ITEMS`] queued items in one call and applies the answers;
-    /// true when an allocator answered.
+    /// Sends up to [`MAX_BATCH_ITEMS`] queued items in one call, urgent work first, and
+    /// applies the answers; true when an allocator answered.
     async fn send_once(&self) -> bool {
-        let batch: Vec<Pending> = {
-            let mut q = self.queue.lock();
-            // A Decide whose request stopped waiting is not sent: nobody would use its answer,
-            // and it would debit the allocator for nothing.
-            q.items
-                .retain(|p| !matches!(p, Pending::Decide(_, _, done) if done.is_closed()));
-            let n = q.items.len().min(MAX_BATCH_ITEMS);
-            let batch: Vec<Pending> = q.items.drain(..n).collect();
-            for p in &batch {
-                if let Pending::Report(_, a) | Pending::Release(_, a) = p {
-                    q.queued.remove(&a.id);
-                }
-            }
-            batch
-        };
+        let batch = self.queue.lock().take(MAX_BATCH_ITEMS, true);
+        self.send(batch).await
+    }
+
+    /// Sends `batch` in one call and applies the answers; true when an allocator answered.
+    async fn send(&self, batch: Vec<Pending>) -> bool {
         if batch.is_empty() {
             return true;
         }
@@ -254,7 +241,11 @@ impl LeaseManager {
         self.book.counters.calls.fetch_add(1, Ordering::Relaxed);
         let (answers, up) = self.dispatcher.send(ops).await;
         for (p, a) in batch.into_iter().zip(answers) {
+            let settled = p.allocation_id();
             self.apply(p, a, sent_at);
+            if let Some(id) = settled {
+                self.queue.lock().settle(id);
+            }
         }
         up
     }
@@ -353,19 +344,15 @@ impl LeaseManager {
     /// Releases do not carry (issue 10 item 3).
     pub async fn release_all(&self) {
         close_all(&self.book);
-        {
-            let mut q = self.queue.lock();
-            q.items.clear();
-            q.queued.clear();
-        }
+        self.queue.lock().clear();
         for table in self.book.tables() {
             for kl in table.snapshot() {
                 for a in kl.value.allocations().iter() {
-                    self.enqueue_allocation(Pending::Release(kl.clone(), a.clone()), a.id);
+                    self.enqueue_allocation(Pending::Release(kl.clone(), a.clone()));
                 }
             }
         }
-        while !self.queue.lock().items.is_empty() {
+        while !self.queue.lock().is_empty() {
             self.send_once().await;
         }
         for table in self.book.tables() {

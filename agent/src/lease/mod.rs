@@ -1,8 +1,8 @@
 //! Enforcement of `scope: global` limits: allocations held per key, spent on the hot path with
 //! atomics ([`book`]); where each key stands with the allocator ([`protocol`]); central
 //! decisions for sparse keys and leases for busy ones ([`demand`]); acquired, reported,
-//! released and decided in the background ([`manager`]), one `Batch` call at a time
-//! ([`dispatch`]), backing off with jitter ([`backoff`]).
+//! released and decided in the background ([`manager`]) from a two-lane queue ([`queue`]), in
+//! `Batch` calls, a few in flight ([`dispatch`]), backing off with jitter ([`backoff`]).
 
 pub mod allocation;
 pub mod backoff;
@@ -16,6 +16,7 @@ pub mod key_cap;
 pub mod key_rule;
 pub mod manager;
 pub mod protocol;
+pub mod queue;
 pub mod settings;
 
 pub use allocation::HeldAllocation;

@@ -449,3 +449,10 @@ fn a_stopping_book_denies_at_once_and_asks_nothing() {
     let c = &r.enforcer.book().counters;
     assert_eq!(c.failure_denials.load(Ordering::Relaxed), 1);
 }
+
+/// A key of the test policy (`tenant=q`), for tests of other lease modules.
+pub(super) fn some_key() -> Arc<Keyed<KeyLease>> {
+    let r = rig();
+    let _ = decide(&r, &[("tenant", "q")], None);
+    key(&r, &[("tenant", "q")], 0)
+}
