@@ -7,17 +7,23 @@
 //! Flushing: the flusher proposes as soon as an entry slot is free (at most
 //! [`GroupCommitConfig::max_in_flight`] entries proposed and not yet committed); while entries
 //! are in flight, new calls accumulate and go out together in the next entry, up to
-//! [`GroupCommitConfig::max_entry_items`] commands. The batch grows with the load by itself: a
-//! lone call pays one commit, a flood shares them. An optional [`GroupCommitConfig::window`]
-//! waits a little longer before each flush.
+//! [`GroupCommitConfig::max_entry_items`] commands, or an equal share of the queue over the
+//! entry slots when the queue is deeper (adaptive size: a backlog drains in one round of
+//! in-flight entries, so throughput under a backlog is not capped at `max_in_flight ×
+//! max_entry_items` per commit latency). The batch grows with the load by itself: a lone call
+//! pays one commit, a flood shares them. An optional [`GroupCommitConfig::window`] waits a
+//! little longer before each flush.
 //!
 //! Overload: the queue holds at most [`GroupCommitConfig::queue_items`] commands not yet
 //! proposed; a call that does not fit is refused at once, unapplied ([`CommitError::Overloaded`]),
 //! so the queue never grows into latency that every caller then times out on (congestion
 //! collapse). A call carries its deadline: commands whose deadline passed, or whose caller went
-//! away, before they were proposed are dropped unapplied ([`CommitError::DeadlineExceeded`]).
+//! away, before they were proposed are dropped unapplied ([`CommitError::DeadlineExceeded`]);
+//! so are those whose deadline falls before the entry can commit (the moving average of recent
+//! entries' commit latency, [`CommitLatency`]): committing them would be work whose answer
+//! nobody reads, taken from callers that can still be answered in time.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -47,8 +53,9 @@ pub struct GroupCommitConfig {
     /// [`CommitError::Overloaded`] (a call larger than the bound is taken when the queue is
     /// empty). Must be > 0.
     pub queue_items: usize,
-    /// Most commands in one entry; a call is never split, so an entry can exceed this by one
-    /// call's commands less one. Must be > 0.
+    /// Most commands in one entry while the queue holds at most `max_in_flight` times this;
+    /// a deeper queue is divided equally over the entry slots. A call is never split, so an
+    /// entry can exceed its size by one call's commands less one. Must be > 0.
     pub max_entry_items: usize,
     /// Most entries proposed and not yet committed. 1 flushes exactly when the previous entry
     /// has committed. Must be > 0.
@@ -146,7 +153,9 @@ impl<A: Batching> GroupCommit<A> {
             queued: queued.clone(),
             holds: hold_rx,
             slots: Arc::new(Semaphore::new(config.max_in_flight.max(1))),
+            max_in_flight: config.max_in_flight.max(1),
             max_entry_items: config.max_entry_items.max(1),
+            latency: Arc::new(CommitLatency::default()),
             window: config.window,
             carry: None,
         };
@@ -222,7 +231,10 @@ struct Flusher<A: Batching> {
     queued: Arc<AtomicUsize>,
     holds: watch::Receiver<usize>,
     slots: Arc<Semaphore>,
+    max_in_flight: usize,
     max_entry_items: usize,
+    /// Recent entries' commit latency, to drop calls that cannot be answered in time.
+    latency: Arc<CommitLatency>,
     window: Duration,
     /// A call taken from the queue that did not fit into the previous entry.
     carry: Option<Call<A>>,
@@ -248,10 +260,15 @@ impl<A: Batching> Flusher<A> {
             if !self.window.is_zero() {
                 tokio::time::sleep(self.window).await;
             }
-            let calls = self.gather(first);
+            let cap = entry_size(
+                self.queued.load(Ordering::Acquire),
+                self.max_in_flight,
+                self.max_entry_items,
+            );
+            let calls = self.gather(first, cap);
             let taken: usize = calls.iter().map(|c| c.cmds.len()).sum();
             self.queued.fetch_sub(taken, Ordering::AcqRel);
-            let live = drop_expired(calls, Instant::now());
+            let live = drop_expired(calls, Instant::now(), self.latency.estimate());
             if live.is_empty() {
                 continue;
             }
@@ -266,24 +283,26 @@ impl<A: Batching> Flusher<A> {
                 now_ms: self.time.stamp(),
                 cmd: A::batch(cmds),
             };
-            let raft = self.raft.clone();
+            let (raft, latency) = (self.raft.clone(), self.latency.clone());
             tokio::spawn(async move {
+                let proposed = Instant::now();
                 let result = raft.client_write(entry).await;
+                latency.record(proposed.elapsed());
                 drop(slot);
                 answer::<A>(result.map(|r| r.data).map_err(write_error), lens, replies);
             });
         }
     }
 
-    /// `first` and the calls queued behind it, up to the entry's size (calls are never split).
-    fn gather(&mut self, first: Call<A>) -> Vec<Call<A>> {
+    /// `first` and the calls queued behind it, up to `cap` commands (calls are never split).
+    fn gather(&mut self, first: Call<A>, cap: usize) -> Vec<Call<A>> {
         let mut items = first.cmds.len();
         let mut calls = vec![first];
-        while items < self.max_entry_items {
+        while items < cap {
             let Ok(c) = self.rx.try_recv() else {
                 break;
             };
-            if items + c.cmds.len() > self.max_entry_items {
+            if items.saturating_add(c.cmds.len()) > cap {
                 self.carry = Some(c);
                 break;
             }
@@ -311,12 +330,50 @@ fn reserve(queued: &AtomicUsize, capacity: usize, n: usize) -> Result<(), Commit
     }
 }
 
-/// Answers calls whose deadline passed (or whose caller went away) before proposal, unapplied,
-/// and returns the others.
-fn drop_expired<A: App>(calls: Vec<Call<A>>, now: Instant) -> Vec<Call<A>> {
+/// The size of the next entry, in commands: `max_entry_items`, or an equal share of the
+/// `queued` commands over the `max_in_flight` entry slots when that is larger.
+fn entry_size(queued: usize, max_in_flight: usize, max_entry_items: usize) -> usize {
+    queued
+        .div_ceil(max_in_flight.max(1))
+        .max(max_entry_items)
+        .max(1)
+}
+
+/// The most a call's deadline must lie beyond the flush for the call to be proposed.
+const MAX_COMMIT_MARGIN: Duration = Duration::from_millis(100);
+
+/// A moving average of how long an entry takes from proposal to applied (weight 1/8 for the
+/// newest), in nanoseconds; zero until the first entry committed.
+#[derive(Debug, Default)]
+struct CommitLatency(AtomicU64);
+
+impl CommitLatency {
+    /// Adds one entry's commit latency (saturating at `u64::MAX` ns).
+    fn record(&self, took: Duration) {
+        let took = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
+        let _ = self
+            .0
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |old| {
+                Some((old - old / 8).saturating_add(took / 8))
+            });
+    }
+
+    /// The current average, at most [`MAX_COMMIT_MARGIN`]: an average left high by a stall
+    /// (an election) only drops calls that have less than that left, so fresh calls still
+    /// commit and bring it down again.
+    fn estimate(&self) -> Duration {
+        Duration::from_nanos(self.0.load(Ordering::Acquire)).min(MAX_COMMIT_MARGIN)
+    }
+}
+
+/// Answers calls whose deadline falls within `margin` of `now` (passed, or too close for an
+/// entry proposed now to commit in time) or whose caller went away, unapplied, and returns the
+/// others.
+fn drop_expired<A: App>(calls: Vec<Call<A>>, now: Instant, margin: Duration) -> Vec<Call<A>> {
     let mut live = Vec::with_capacity(calls.len());
+    let horizon = now.checked_add(margin).unwrap_or(now);
     for c in calls {
-        let expired = c.deadline.is_some_and(|d| d <= now);
+        let expired = c.deadline.is_some_and(|d| d <= horizon);
         if expired || c.reply.is_closed() {
             let _ = c.reply.send(Err(CommitError::DeadlineExceeded));
         } else {
@@ -405,7 +462,7 @@ mod tests {
         let (none, _none_rx) = call(None);
         let (gone, gone_rx) = call(None);
         drop(gone_rx);
-        let live = drop_expired(vec![past, future, none, gone], now);
+        let live = drop_expired(vec![past, future, none, gone], now, Duration::ZERO);
         assert_eq!(
             live.len(),
             2,
@@ -413,5 +470,52 @@ mod tests {
         );
         assert!(live.iter().all(|c| !c.reply.is_closed()));
         assert_eq!(past_rx.await.ok(), Some(Err(CommitError::DeadlineExceeded)));
+    }
+
+    #[tokio::test]
+    async fn calls_that_cannot_commit_before_their_deadline_are_dropped_unapplied() {
+        let now = Instant::now();
+        let (soon, soon_rx) = call(Some(now + Duration::from_millis(5)));
+        let (later, _later_rx) = call(Some(now + Duration::from_millis(50)));
+        let live = drop_expired(vec![soon, later], now, Duration::from_millis(10));
+        assert_eq!(
+            live.len(),
+            1,
+            "only the call with time for a 10 ms commit stays"
+        );
+        assert_eq!(soon_rx.await.ok(), Some(Err(CommitError::DeadlineExceeded)));
+        // A margin beyond what the clock can represent drops nothing it cannot compute.
+        let (far, _far_rx) = call(Some(now + Duration::from_secs(1)));
+        assert_eq!(drop_expired(vec![far], now, Duration::MAX).len(), 1);
+    }
+
+    #[test]
+    fn entries_grow_to_drain_a_deep_queue_over_the_slots() {
+        assert_eq!(entry_size(0, 4, 256), 256);
+        assert_eq!(entry_size(1_024, 4, 256), 256);
+        assert_eq!(entry_size(1_025, 4, 256), 257);
+        assert_eq!(entry_size(4_096, 4, 256), 1_024);
+        // Zero settings and the extremes never divide by zero or overflow.
+        assert_eq!(entry_size(0, 0, 0), 1);
+        assert_eq!(entry_size(usize::MAX, 1, 1), usize::MAX);
+        assert_eq!(entry_size(usize::MAX, usize::MAX, 0), 1);
+    }
+
+    #[test]
+    fn the_commit_latency_average_follows_recent_entries_and_saturates() {
+        let l = CommitLatency::default();
+        assert_eq!(l.estimate(), Duration::ZERO);
+        for _ in 0..64 {
+            l.record(Duration::from_millis(8));
+        }
+        let ms = l.estimate().as_millis();
+        assert!((7..=8).contains(&ms), "{ms}");
+        l.record(Duration::MAX);
+        assert_eq!(l.estimate(), MAX_COMMIT_MARGIN, "capped");
+        assert!(l.0.load(Ordering::Acquire) >= u64::MAX / 8);
+        for _ in 0..1_000 {
+            l.record(Duration::ZERO);
+        }
+        assert!(l.estimate() < Duration::from_millis(1));
     }
 }
