@@ -6,7 +6,7 @@
 //! cargo bench -p allot-allocator --bench cluster -- --clients 64 --secs 10 --batch 32
 //! ```
 //!
-//! Four phases, each on a fresh cluster (three nodes in this process, each with its own sled
+//! Five phases, each on a fresh cluster (three nodes in this process, each with its own sled
 //! database in a temporary directory and its own loopback gRPC server; clients are gRPC clients
 //! of the leader, one HTTP/2 connection each, so every call pays the full path: proposal,
 //! replication to a quorum with an fsync on each node, apply, reply):
@@ -15,7 +15,12 @@
 //! 2. `grouped unary`: the same calls through the leader's group commit;
 //! 3. `grouped batch`: each client loops one `Batch` call of `--batch` items (half Decides, the
 //!    rest Acquires and Reports of the previous call's grants), as agents send one per tick;
-//! 4. `overload`: open loop at `--overload` times phase 3's rate (Batch calls with a 200 ms
+//!    closed loop: `clients × batch` decisions always in flight, so its latency is Little's law
+//!    (decisions in flight / throughput), a measure of saturation, not of a load's latency;
+//! 4. `at rate`: open loop at `--rate` decisions/s (default 20,000) in Batch calls of `--batch`
+//!    items started on a fixed schedule over the clients, 200 ms deadlines: the latency of a
+//!    given load, as agents sending on their own schedule see it;
+//! 5. `overload`: open loop at `--overload` times phase 3's rate (Batch calls with a 200 ms
 //!    deadline, started on a fixed schedule whether or not earlier ones returned): goodput,
 //!    decisions committed per second, must stay near the capacity.
 
@@ -48,8 +53,8 @@ descriptors:
 /// One token, microtokens.
 const T: u64 = 1_000_000;
 
-/// Deadline of each call in the overload phase.
-const OVERLOAD_DEADLINE: Duration = Duration::from_millis(200);
+/// Deadline of each call in the open-loop phases.
+const CALL_DEADLINE: Duration = Duration::from_millis(200);
 
 struct Args {
     clients: usize,
@@ -57,6 +62,7 @@ struct Args {
     warmup_secs: u64,
     batch: usize,
     overload: u64,
+    rate: u64,
     commit: GroupCommitConfig,
 }
 
@@ -67,6 +73,7 @@ fn args() -> Args {
         warmup_secs: 2,
         batch: 32,
         overload: 2,
+        rate: 20_000,
         commit: GroupCommitConfig::default(),
     };
     let argv: Vec<String> = std::env::args().collect();
@@ -80,6 +87,7 @@ fn args() -> Args {
             ("--warmup-secs", Some(v)) => a.warmup_secs = v,
             ("--batch", Some(v)) => a.batch = v.clamp(2, 4096) as usize,
             ("--overload", Some(v)) => a.overload = v.max(1),
+            ("--rate", Some(v)) => a.rate = v.max(1),
             ("--queue-items", Some(v)) => a.commit.queue_items = v.max(1) as usize,
             ("--in-flight", Some(v)) => a.commit.max_in_flight = v.max(1) as usize,
             ("--entry-items", Some(v)) => a.commit.max_entry_items = v.max(1) as usize,
@@ -428,7 +436,7 @@ async fn open_loop(c: &Cluster, a: &Args, k: usize, every: Duration) -> (Stats, 
         tasks.push(tokio::spawn(async move {
             let t0 = Instant::now();
             let mut req = tonic::Request::new(pb::BatchRequest { items });
-            req.set_timeout(OVERLOAD_DEADLINE);
+            req.set_timeout(CALL_DEADLINE);
             let r = client.batch(req).await;
             (t0, t0.elapsed(), r.map(|r| r.into_inner().results))
         }));
@@ -516,6 +524,18 @@ async fn main() {
     let name = format!("group commit, Batch of {} items", a.batch);
     rows.push(row(&name, &s, entries, a.secs, base_rate));
 
+    // A given load on the schedule of `rate` decisions/s, in calls of `batch` items.
+    let every = Duration::from_secs_f64(a.batch as f64 / a.rate as f64);
+    let c = Cluster::start(Some(a.commit.clone())).await;
+    let (s, entries) = open_loop(&c, &a, a.batch, every).await;
+    c.shutdown().await;
+    let name = format!(
+        "at rate: {} offered/s (open loop), {} ms deadlines",
+        a.rate,
+        CALL_DEADLINE.as_millis()
+    );
+    rows.push(row(&name, &s, entries, a.secs, base_rate));
+
     // Offered: `overload` × capacity, in calls of `batch` items on a fixed schedule.
     let calls_per_s = (capacity * a.overload as f64 / a.batch as f64).max(1.0);
     let every = Duration::from_secs_f64(1.0 / calls_per_s);
@@ -527,7 +547,7 @@ async fn main() {
         "overload: {:.0} offered/s ({}× capacity), {} ms deadlines",
         calls_per_s * a.batch as f64,
         a.overload,
-        OVERLOAD_DEADLINE.as_millis()
+        CALL_DEADLINE.as_millis()
     );
     rows.push(row(&name, &s, entries, a.secs, base_rate));
 
