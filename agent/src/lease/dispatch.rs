@@ -67,12 +67,12 @@ impl Dispatcher {
 
     /// Sends `items` and returns one answer per item, in order; `true` with them when at
     /// least one allocator node answered the call (the backoff resets), `false` when none did.
-    pub async fn send(&self, items: Vec<Op>) -> (Vec<Answer>, bool) {
+    pub async fn send(&self, items: &[Op]) -> (Vec<Answer>, bool) {
         if items.is_empty() {
             return (Vec::new(), true);
         }
         if self.now_ms() >= self.batch_off_until_ms.load(Ordering::Relaxed) {
-            match self.send_batch(&items).await {
+            match self.send_batch(items).await {
                 Ok(answers) => return (answers, true),
                 Err(CallError::Unsupported) => {
                     tracing::info!("the allocator does not serve Batch; sending single calls");
@@ -125,10 +125,10 @@ impl Dispatcher {
         Ok(resp.results.into_iter().map(classify_result).collect())
     }
 
-    async fn send_singles(&self, items: Vec<Op>) -> (Vec<Answer>, bool) {
+    async fn send_singles(&self, items: &[Op]) -> (Vec<Answer>, bool) {
         let mut set = JoinSet::new();
         let n = items.len();
-        for (i, op) in items.into_iter().enumerate() {
+        for (i, op) in items.iter().cloned().enumerate() {
             let (link, timeout) = (self.link.clone(), self.timeout);
             set.spawn(async move { (i, single(&link, op, timeout).await) });
         }

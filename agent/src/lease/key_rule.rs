@@ -63,6 +63,8 @@ impl KeyRule {
 pub struct LeaseSizing {
     max_grant: AtomicU64,
     ttl_ms: AtomicU64,
+    /// Time the rule's rate takes to refill one token, ns.
+    token_ns: AtomicU64,
     emergency: AtomicBool,
 }
 
@@ -72,6 +74,7 @@ impl LeaseSizing {
         LeaseSizing {
             max_grant: AtomicU64::new(rule.max_grant),
             ttl_ms: AtomicU64::new(rule.ttl_ms),
+            token_ns: AtomicU64::new(rule.params.time_for(MICROS_PER_TOKEN)),
             emergency: AtomicBool::new(rule.failure_mode == FailureMode::Emergency),
         }
     }
@@ -83,6 +86,10 @@ impl LeaseSizing {
         }
         if self.ttl_ms.load(Ordering::Relaxed) != rule.ttl_ms {
             self.ttl_ms.store(rule.ttl_ms, Ordering::Relaxed);
+        }
+        let token_ns = rule.params.time_for(MICROS_PER_TOKEN);
+        if self.token_ns.load(Ordering::Relaxed) != token_ns {
+            self.token_ns.store(token_ns, Ordering::Relaxed);
         }
         let emergency = rule.failure_mode == FailureMode::Emergency;
         if self.emergency.load(Ordering::Relaxed) != emergency {
@@ -109,6 +116,12 @@ impl LeaseSizing {
     /// Lease length, ms.
     pub fn ttl_ms(&self) -> u64 {
         self.ttl_ms.load(Ordering::Relaxed)
+    }
+
+    /// Time the rule's rate takes to refill one whole token, ns (saturating): the soonest a
+    /// bucket the allocator has emptied can grant again.
+    pub fn token_ns(&self) -> Nanos {
+        self.token_ns.load(Ordering::Relaxed)
     }
 }
 

@@ -239,10 +239,10 @@ impl LeaseManager {
         let sent_at = self.book.clock().now();
         let ops: Vec<Op> = batch.iter().map(|p| self.compose(p, sent_at)).collect();
         self.book.counters.calls.fetch_add(1, Ordering::Relaxed);
-        let (answers, up) = self.dispatcher.send(ops).await;
-        for (p, a) in batch.into_iter().zip(answers) {
+        let (answers, up) = self.dispatcher.send(&ops).await;
+        for ((p, op), a) in batch.into_iter().zip(ops).zip(answers) {
             let settled = p.allocation_id();
-            self.apply(p, a, sent_at);
+            self.apply(p, &op, a, sent_at);
             if let Some(id) = settled {
                 self.queue.lock().settle(id);
             }
@@ -305,8 +305,8 @@ impl LeaseManager {
         format!("{}-{}-{}", self.book.settings().agent_id, sent_at, seq)
     }
 
-    /// Applies one answer to the key of its item.
-    fn apply(&self, p: Pending, answer: Answer, sent_at: Nanos) {
+    /// Applies one answer to the key of its item (`op`: the request it answers).
+    fn apply(&self, p: Pending, op: &Op, answer: Answer, sent_at: Nanos) {
         let book = &*self.book;
         let now = book.clock().now();
         let v = &p.key().value;
@@ -328,7 +328,13 @@ impl LeaseManager {
             Answer::Done(_) | Answer::Failed(_) => book.set_reachable(true),
         }
         match p {
-            Pending::Acquire(kl) => applied_acquire(book, &kl.value, answer, sent_at, now),
+            Pending::Acquire(kl) => {
+                let asked = match op {
+                    Op::Acquire(r) => r.want,
+                    _ => 0,
+                };
+                applied_acquire(book, &kl.value, asked, answer, sent_at, now)
+            }
             Pending::Report(kl, a) => applied_report(&kl.value, &a, answer),
             Pending::Release(kl, a) => applied_release(&kl.value, &a, answer),
             Pending::Decide(kl, cost, done) => {
@@ -451,8 +457,19 @@ fn want(v: &KeyLease, ttl_ms: u64, waiting: Micros) -> Micros {
 
 /// An Acquire's answer: install the grant (its lease measured from when the request was sent,
 /// minus the drift margin, so the agent stops spending before the allocator can consider it
-/// expired), remember a denial, or back off.
-fn applied_acquire(book: &LeaseBook, v: &KeyLease, answer: Answer, sent_at: Nanos, now: Nanos) {
+/// expired), remember a denial, or back off. A grant below what the Acquire `asked` (µtokens)
+/// is all the allocator had for this holder (its bucket, fair part, region share or calendar
+/// quota ran out): the rest is denied until the rule's rate refills one token, so the requests
+/// it does not cover are denied at once, as the central counter denies them, instead of asking
+/// again until their wait runs out.
+fn applied_acquire(
+    book: &LeaseBook,
+    v: &KeyLease,
+    asked: Micros,
+    answer: Answer,
+    sent_at: Nanos,
+    now: Nanos,
+) {
     let s = book.settings();
     let backoff_end = now.saturating_add(ms(s.error_backoff_ms));
     match answer {
@@ -472,7 +489,14 @@ fn applied_acquire(book: &LeaseBook, v: &KeyLease, answer: Answer, sent_at: Nano
                 g.policy_version,
             )
             .with_reserve(v.sizing.emergency_reserve(g.granted, s.emergency_ppm));
-            v.protocol.install(Arc::new(a));
+            // Grants are whole tokens: only a grant below the whole tokens asked is short.
+            let short = g.granted < asked - asked % MICROS_PER_TOKEN;
+            let denied_until = if short {
+                now.saturating_add(v.sizing.token_ns().max(1))
+            } else {
+                0
+            };
+            v.protocol.install_denying(Arc::new(a), denied_until);
         }
         Answer::Done(Outcome::Acquire(pb::AcquireResponse {
             outcome: Some(pb::acquire_response::Outcome::Denial(d)),

@@ -234,6 +234,13 @@ impl KeyProtocol {
     /// only at a Release (issue 10 item 14); the older allocations' emergency reserves become
     /// spendable normally, the new one holding the key's reserve (issue 10 item 4).
     pub fn install(&self, a: Arc<HeldAllocation>) {
+        self.install_denying(a, 0);
+    }
+
+    /// [`install`](Self::install), with the allocator's denial of anything more standing until
+    /// `denied_until` (ns; 0: none), set before the call ends: the decisions that waited for
+    /// this call and are not covered by the grant are denied at once instead of asking again.
+    pub fn install_denying(&self, a: Arc<HeldAllocation>, denied_until: Nanos) {
         let w = self.write.lock();
         let mut next: Vec<Arc<HeldAllocation>> = self.allocations().iter().cloned().collect();
         // Only the newest grant keeps its emergency reserve back (issue 10 item 4).
@@ -241,7 +248,7 @@ impl KeyProtocol {
         next.push(a);
         self.replace(&w, next);
         drop(w);
-        self.denied_until.store(0, Ordering::Release);
+        self.denied_until.store(denied_until, Ordering::Release);
         self.unreachable_until.store(0, Ordering::Release);
         self.end_call();
     }
@@ -374,5 +381,23 @@ mod tests {
         p.remove(2);
         assert_eq!(p.allocations().len(), 2);
         assert_eq!((p.denied_until(), p.in_flight()), (0, false));
+    }
+
+    #[test]
+    fn a_short_grant_installs_and_denies_more_until_its_time() {
+        let p = KeyProtocol::default();
+        assert!(p.begin_call(0));
+        p.install_denying(Arc::new(HeldAllocation::new(1, 1, 3, 50, 0, 1)), 10);
+        assert!(p.answered() && !p.in_flight());
+        assert_eq!(p.allocations().len(), 1);
+        assert_eq!(p.standing(9, WAIT), Standing::Denied(10));
+        assert!(!p.begin_call(9), "no call while the denial stands");
+        assert_eq!(p.standing(10, WAIT), Standing::Ask);
+        // At the top of the range the denial stands until the end of time; a plain install
+        // clears it.
+        p.install_denying(Arc::new(HeldAllocation::new(2, 1, 3, 50, 0, 1)), u64::MAX);
+        assert_eq!(p.standing(u64::MAX - 1, WAIT), Standing::Denied(u64::MAX));
+        p.install(Arc::new(HeldAllocation::new(3, 1, 3, 50, 0, 1)));
+        assert_eq!(p.denied_until(), 0);
     }
 }

@@ -111,7 +111,10 @@ async fn a_denial_is_remembered_and_a_rejected_flood_sends_no_calls() {
     for _ in 0..5 {
         assert_eq!(check(r, "flood", 1).await.code, Code::Ok);
     }
-    // The sixth waits for the (low-watermark or own) Acquire and gets the denial.
+    // The grant of 5 was short of the 20 asked (all the allocator had): the key stands denied
+    // until the rate refills one token (100 ms at 10/s); after that the sixth request waits for
+    // the (low-watermark or own) Acquire and gets the allocator's denial.
+    r.clock.advance(100 * MS);
     let o = check(r, "flood", 1).await;
     assert_eq!(o.code, Code::OverLimit);
     let calls = d.fake.acquires.load(Ordering::Relaxed);
@@ -163,4 +166,46 @@ async fn reachability_is_decided_per_key() {
     d.fake.failing.lock().unwrap().clear();
     r.clock.advance(500 * MS);
     assert_eq!(check(r, "broken", 1).await.code, Code::Ok);
+}
+
+/// A grant below what the Acquire asked is all the allocator had: the requests that waited
+/// for it and are not covered are denied at once (the allocator's bucket is empty, as the
+/// central counter's is), without asking again and without waiting out `cold_wait_ms`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_grant_denies_the_waiters_it_does_not_cover_without_asking_again() {
+    // 20 tokens for the first key's first Acquire (the max grant), 3 left for the next.
+    let d = demand(23).await;
+    let r = &d.rig;
+    assert_eq!(check(r, "warm", 1).await.code, Code::Ok);
+    let acquires = d.fake.acquires.load(Ordering::SeqCst);
+    let waits = counter(r, |c| c.cold_waits.load(Ordering::Relaxed));
+    let gate = d.fake.gate.write().await;
+    let mut tasks = Vec::new();
+    for _ in 0..5 {
+        let g = r.gateway.clone();
+        tasks.push(tokio::spawn(async move {
+            decide_tenant(&g, "short", Some(1)).await.code
+        }));
+    }
+    // All five wait for the one Acquire held at the gate.
+    assert!(
+        eventually(10, || {
+            d.fake.acquires.load(Ordering::SeqCst) == acquires + 1
+                && counter(r, |c| c.cold_waits.load(Ordering::Relaxed)) == waits + 5
+        })
+        .await
+    );
+    drop(gate);
+    let mut codes = Vec::new();
+    for t in tasks {
+        codes.push(t.await.expect("request task"));
+    }
+    let ok = codes.iter().filter(|c| **c == Code::Ok).count();
+    assert_eq!((ok, codes.len() - ok), (3, 2), "{codes:?}");
+    assert_eq!(
+        d.fake.acquires.load(Ordering::SeqCst),
+        acquires + 1,
+        "the uncovered requests did not ask again"
+    );
+    assert_eq!(counter(r, |c| c.wait_timeouts.load(Ordering::Relaxed)), 0);
 }
