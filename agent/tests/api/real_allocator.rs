@@ -1195,7 +1195,7 @@ async fn stale_epochs_and_foreign_holders_are_classified_as_such_by_the_agent() 
     // In one Batch, next to an item that succeeds.
     let dispatcher = Dispatcher::new(link.clone(), Duration::from_secs(5));
     let (answers, up) = dispatcher
-        .send(vec![
+        .send(&[
             Op::Report(report(g.epoch + 1, "gw-1")),
             Op::Report(report(g.epoch, "gw-2")),
             Op::Report(report(g.epoch, "gw-1")),
