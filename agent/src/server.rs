@@ -79,6 +79,7 @@ pub struct LeaseFile {
     pub error_backoff_ms: Option<u64>,
     pub idle_evict_ms: Option<u64>,
     pub idle_return_ms: Option<u64>,
+    pub rate_leases: Option<bool>,
     pub promote_tokens: Option<u64>,
     pub demote_tokens: Option<u64>,
 }
@@ -182,6 +183,9 @@ impl AgentFile {
         set(&mut s.idle_return_ms, l.idle_return_ms);
         set(&mut s.promote_tokens, l.promote_tokens);
         set(&mut s.demote_tokens, l.demote_tokens);
+        if let Some(v) = l.rate_leases {
+            s.rate_leases = v;
+        }
         if let Some(v) = l.low_watermark_pct {
             s.low_watermark_pct = v;
         }

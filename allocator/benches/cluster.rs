@@ -246,6 +246,7 @@ fn acquire(n: usize, id: String) -> pb::AcquireRequest {
         holder: format!("gw-{n}"),
         want: T,
         demand_per_s: 0,
+        want_rate_per_s: 0,
         request_id: id,
     }
 }

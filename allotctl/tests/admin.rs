@@ -220,6 +220,7 @@ async fn admin_commands_drive_a_cluster() {
             holder: "gw-1".into(),
             want: 4_000_000,
             demand_per_s: 0,
+            want_rate_per_s: 0,
             request_id: "r1".into(),
         })
         .await

@@ -420,6 +420,7 @@ pub fn status(g: &Gateway) -> Value {
             "cold_waits": c.cold_waits.load(Ordering::Relaxed),
             "wait_timeouts": c.wait_timeouts.load(Ordering::Relaxed),
             "denials_held": c.denials_held.load(Ordering::Relaxed),
+            "accrual_denials": c.accrual_denials.load(Ordering::Relaxed),
             "acquires": c.acquires.load(Ordering::Relaxed),
             "reports": c.reports.load(Ordering::Relaxed),
             "releases": c.releases.load(Ordering::Relaxed),

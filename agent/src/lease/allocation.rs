@@ -1,13 +1,23 @@
 //! One allocation held by the agent: a batch of spendable microtokens, spent with atomics on the
 //! hot path (seed §21, §31 step 6), closed before its final spend is read (issue 10 item 3).
 
-use allot_common::units::{Micros, Nanos};
+use allot_common::units::{Micros, Nanos, NANOS_PER_SEC};
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Set in the spend word once the allocation is closed: every later spend fails in the same
 /// compare-and-swap that spends, because `spent | CLOSED` exceeds any grant.
 const CLOSED: u64 = 1 << 63;
+
+/// Accrual starts this long after the grant was received, ns: the allocator stamps grants in
+/// whole milliseconds, so the holder's accrual never starts before the ledger's (design §9).
+pub const ACCRUAL_DELAY_NS: Nanos = 1_000_000;
+
+/// What `rate_per_s` µtok/s accrues over `ns` nanoseconds, rounded down (saturating).
+fn accrued(rate_per_s: u64, ns: Nanos) -> Micros {
+    u64::try_from(u128::from(rate_per_s) * u128::from(ns) / u128::from(NANOS_PER_SEC))
+        .unwrap_or(u64::MAX)
+}
 
 /// The largest grant an allocation holds, microtokens (the top bit of the spend word is the
 /// closed flag). A larger grant is held as this much: the agent spends less than it was granted,
@@ -28,8 +38,16 @@ pub struct HeldAllocation {
     pub id: u64,
     /// Its epoch (fencing token for reports).
     pub epoch: u64,
-    /// Microtokens granted (at most [`MAX_HELD_GRANT`]).
+    /// Most microtokens it may ever spend (at most [`MAX_HELD_GRANT`]): the base, plus what
+    /// its rate can accrue until the local deadline (design §9).
     pub granted: Micros,
+    /// Microtokens granted at once.
+    pub base: Micros,
+    /// Rate accrued, microtokens per second (0: none).
+    pub rate_per_s: u64,
+    /// When accrual starts, ns on the agent's clock: 1 ms after the grant was received, so
+    /// it never starts before the allocator's millisecond stamp of the grant.
+    pub accrual_start: Nanos,
     /// Local deadline on the agent's monotonic clock, ns: the time the Acquire was *sent* + ttl
     /// − drift margin. Past it the agent never spends from this allocation.
     pub deadline: Nanos,
@@ -44,6 +62,9 @@ pub struct HeldAllocation {
     /// Release when unused. Set to 0 by [`unlock_reserve`](Self::unlock_reserve) once a newer
     /// allocation of the key holds the reserve, so only the newest grant's waits.
     reserve: AtomicU64,
+    /// When accrual ends, ns: the local deadline, or earlier once a later Acquire of the key
+    /// was sent (the allocator ends it then, design §9).
+    accrual_end: AtomicU64,
     /// Spent microtokens, with [`CLOSED`] set once closed.
     spent: AtomicU64,
     /// Highest cumulative spend the allocator acknowledged.
@@ -64,26 +85,93 @@ impl HeldAllocation {
         expires_at_unix_ms: u64,
         policy_version: u64,
     ) -> Self {
+        let granted = granted.min(MAX_HELD_GRANT);
         HeldAllocation {
             id,
             epoch,
-            granted: granted.min(MAX_HELD_GRANT),
+            granted,
+            base: granted,
+            rate_per_s: 0,
+            accrual_start: deadline,
             deadline,
             expires_at_unix_ms,
             policy_version,
             reserve: AtomicU64::new(0),
+            accrual_end: AtomicU64::new(deadline),
             spent: AtomicU64::new(0),
             reported: AtomicU64::new(0),
             committed: Mutex::new(0),
         }
     }
 
-    /// The same allocation with the top `reserve` microtokens of its grant kept for emergency
-    /// admissions (at most the whole grant).
+    /// The same allocation accruing `rate_per_s` µtok/s from `received` + 1 ms to its deadline,
+    /// never more than `promised` (what the allocator counts for the rate): its `granted` grows
+    /// by what can accrue in that time (design §9).
+    pub fn with_rate(mut self, rate_per_s: u64, received: Nanos, promised: Micros) -> Self {
+        let start = received.saturating_add(ACCRUAL_DELAY_NS);
+        self.rate_per_s = rate_per_s;
+        self.accrual_start = start;
+        let most = accrued(rate_per_s, self.deadline.saturating_sub(start)).min(promised);
+        self.granted = self.base.saturating_add(most).min(MAX_HELD_GRANT);
+        self
+    }
+
+    /// The same allocation with the top `reserve` microtokens of its base kept for emergency
+    /// admissions (at most the whole base).
     pub fn with_reserve(self, reserve: Micros) -> Self {
         self.reserve
-            .store(reserve.min(self.granted), Ordering::Relaxed);
+            .store(reserve.min(self.base), Ordering::Relaxed);
         self
+    }
+
+    /// Most it may have spent by `now`: the base plus what its rate accrued until `now` (or
+    /// the accrual's end), never more than `granted`. Integer ns, rounded down.
+    #[inline]
+    pub fn limit_at(&self, now: Nanos) -> Micros {
+        if self.rate_per_s == 0 {
+            return self.granted;
+        }
+        let end = now.min(self.accrual_end.load(Ordering::Acquire));
+        let grown = accrued(self.rate_per_s, end.saturating_sub(self.accrual_start));
+        self.base.saturating_add(grown).min(self.granted)
+    }
+
+    /// Whether a rate-carrying allocation whose accrual ended (superseded by a later Acquire)
+    /// has spent everything it ever can: nothing is left to keep it for (design §9).
+    pub fn spent_all_it_can(&self, now: Nanos) -> bool {
+        self.rate_per_s > 0 && !self.accrues(now) && self.remaining_by(now, u64::MAX) == 0
+    }
+
+    /// Whether its rate still accrues at `now` (a rate, before the accrual's end).
+    pub fn accrues(&self, now: Nanos) -> bool {
+        self.rate_per_s > 0 && now < self.accrual_end.load(Ordering::Acquire)
+    }
+
+    /// Ends the accrual at `now` at the latest: the agent is about to send an Acquire for the
+    /// key, which ends this allocation's rate at the allocator (design §9).
+    pub fn freeze_accrual(&self, now: Nanos) {
+        self.accrual_end.fetch_min(now, Ordering::AcqRel);
+    }
+
+    /// How long until `cost` more microtokens can be spent from what accrues (`None`: never,
+    /// the accrual ends first or there is no rate).
+    pub fn accrual_wait(&self, cost: Micros, now: Nanos) -> Option<Nanos> {
+        if !self.accrues(now) {
+            return None;
+        }
+        let used = self
+            .spent()
+            .saturating_add(self.reserve())
+            .saturating_add(cost);
+        let need = used.saturating_sub(self.base);
+        // The first ns at which ⌊rate · t / 10⁹⌋ ≥ need, counted from the accrual's start.
+        let t =
+            (u128::from(need) * u128::from(NANOS_PER_SEC)).div_ceil(u128::from(self.rate_per_s));
+        let at = self
+            .accrual_start
+            .saturating_add(u64::try_from(t).unwrap_or(u64::MAX));
+        (at < self.accrual_end.load(Ordering::Acquire) && used <= self.granted)
+            .then(|| at.saturating_sub(now))
     }
 
     /// The emergency reserve still held back, microtokens.
@@ -102,13 +190,14 @@ impl HeldAllocation {
     /// usable at `now`. Lock-free: one compare-and-swap.
     #[inline]
     pub fn try_spend(&self, cost: Micros, now: Nanos) -> bool {
-        self.spend_within(cost, now, self.granted - self.reserve())
+        let limit = self.limit_at(now).saturating_sub(self.reserve());
+        self.spend_within(cost, now, limit)
     }
 
     /// Spends `cost` out of the whole grant, the emergency reserve included (the allocator is
     /// unreachable for the key and its failure mode is `emergency`).
     pub fn try_spend_emergency(&self, cost: Micros, now: Nanos) -> bool {
-        self.spend_within(cost, now, self.granted)
+        self.spend_within(cost, now, self.limit_at(now))
     }
 
     #[inline]
@@ -196,13 +285,20 @@ impl HeldAllocation {
     /// Microtokens left to spend below the emergency reserve (0 past the deadline or once
     /// closed).
     pub fn remaining(&self, now: Nanos) -> Micros {
-        self.left_within(now, self.granted - self.reserve())
+        self.left_within(now, self.limit_at(now).saturating_sub(self.reserve()))
+    }
+
+    /// Microtokens left to spend by `now + horizon` (ns) below the emergency reserve, counting
+    /// what its rate accrues meanwhile (0 past the deadline or once closed).
+    pub fn remaining_by(&self, now: Nanos, horizon: Nanos) -> Micros {
+        let later = now.saturating_add(horizon);
+        self.left_within(now, self.limit_at(later).saturating_sub(self.reserve()))
     }
 
     /// Microtokens left to spend with the emergency reserve (0 past the deadline or once
     /// closed).
     pub fn emergency_remaining(&self, now: Nanos) -> Micros {
-        self.left_within(now, self.granted)
+        self.left_within(now, self.limit_at(now))
     }
 
     fn left_within(&self, now: Nanos, limit: Micros) -> Micros {
@@ -424,5 +520,96 @@ mod tests {
             );
             assert_eq!(a.spent(), final_spend);
         }
+    }
+}
+
+/// Rate-carrying allocations (design §9): accrual is exact in integer ns, starts 1 ms after the
+/// grant was received, stops at the local deadline or the freeze, and never exceeds the grant.
+#[cfg(test)]
+mod accrual_tests {
+    use super::*;
+    use allot_common::units::MICROS_PER_TOKEN as T;
+
+    const S: Nanos = NANOS_PER_SEC;
+
+    /// 2 tokens now, 3 tokens/s from t = 10 s (received) + 1 ms until the deadline at 12 s.
+    fn rated() -> HeldAllocation {
+        HeldAllocation::new(1, 1, 2 * T, 12 * S, 0, 1).with_rate(3 * T, 10 * S, 100 * T)
+    }
+
+    #[test]
+    fn accrual_is_exact_and_starts_after_the_grant_was_received() {
+        let a = rated();
+        let start = 10 * S + ACCRUAL_DELAY_NS;
+        assert_eq!(a.accrual_start, start);
+        // 3/s over 1.999 s: 5.997 tokens, the most it can ever spend beyond the base.
+        assert_eq!(a.granted, 2 * T + 5_997_000);
+        assert_eq!(a.limit_at(10 * S), 2 * T, "nothing before the start");
+        // One token takes 333 333 333⅓ ns at 3/s: whole at the next ns, not before.
+        let third = S / 3 + 1;
+        assert_eq!(a.limit_at(start + third), 3 * T, "exactly 1 token");
+        assert_eq!(
+            a.limit_at(start + third - 1),
+            3 * T - 1,
+            "rounded down, never up"
+        );
+        assert!(a.try_spend(3 * T, start + third));
+        assert!(!a.try_spend(1, start + third), "all of it spent");
+        assert_eq!(a.accrual_wait(T, start + third), Some(S / 3));
+        assert!(!a.try_spend(T, start + 2 * third - 2));
+        assert!(a.try_spend(T, start + 2 * third - 1));
+        // Past the deadline nothing is spent, whatever accrued.
+        assert_eq!(a.remaining(12 * S), 0);
+        assert!(!a.try_spend(1, 12 * S));
+        assert_eq!(a.limit_at(u64::MAX), a.granted, "never beyond the grant");
+    }
+
+    #[test]
+    fn a_frozen_accrual_stops_at_the_freeze_and_looks_ahead_only_until_it() {
+        let a = rated();
+        let start = a.accrual_start;
+        assert!(a.accrues(start));
+        assert_eq!(
+            a.remaining_by(start, S),
+            5 * T,
+            "2 now + 3 over the next second"
+        );
+        a.freeze_accrual(start + S);
+        a.freeze_accrual(start + 2 * S);
+        assert_eq!(
+            a.limit_at(start + 2 * S),
+            5 * T,
+            "frozen at the earlier time"
+        );
+        assert!(!a.accrues(start + S));
+        assert_eq!(a.accrual_wait(T, start + S), None);
+        assert_eq!(a.accrual_wait(T, start), Some(0), "the base covers it");
+        assert!(!a.spent_all_it_can(start + S));
+        assert!(a.try_spend(5 * T, start + S));
+        assert!(a.spent_all_it_can(start + S), "released at the next pass");
+        assert!(!rated().spent_all_it_can(start), "still accruing");
+        assert_eq!(
+            a.accrual_wait(T, start),
+            None,
+            "nothing more before the freeze"
+        );
+    }
+
+    #[test]
+    fn accrual_at_the_extremes_saturates_and_respects_the_promise() {
+        // The allocator's promise caps what the agent's clock could accrue.
+        let a = HeldAllocation::new(1, 1, 0, u64::MAX, 0, 1).with_rate(u64::MAX, 0, 7);
+        assert_eq!(a.granted, 7);
+        assert_eq!(a.limit_at(u64::MAX - 1), 7);
+        let b =
+            HeldAllocation::new(1, 1, u64::MAX, u64::MAX, 0, 1).with_rate(u64::MAX, 0, u64::MAX);
+        assert_eq!(b.granted, MAX_HELD_GRANT);
+        assert_eq!(b.limit_at(u64::MAX), MAX_HELD_GRANT);
+        // A received time at the top of the clock never wraps.
+        let c = HeldAllocation::new(1, 1, T, u64::MAX, 0, 1).with_rate(T, u64::MAX, T);
+        assert_eq!((c.granted, c.limit_at(u64::MAX)), (T, T));
+        // No rate: the grant is spendable at once, as before.
+        let d = HeldAllocation::new(1, 1, T, 5, 0, 1).with_rate(0, 0, 0);
+        assert_eq!((d.limit_at(0), d.accrual_wait(1, 0)), (T, None));
     }
 }

@@ -142,6 +142,8 @@ pub struct LeaseCounters {
     pub failure_denials: AtomicU64,
     /// Decisions admitted from allocations.
     pub leased_admits: AtomicU64,
+    /// Decisions denied because the key's rate had not accrued their cost yet (design §9).
+    pub accrual_denials: AtomicU64,
     /// Decisions rejected by a rule's local fuse (no allocator work at all).
     pub fuse_rejects: AtomicU64,
     /// New keys refused because their rule already holds `max_keys` keys, none idle.
@@ -510,7 +512,11 @@ impl LeaseBook {
         v.admitted.fetch_add(cost, Ordering::Relaxed);
         self.counters.leased_admits.fetch_add(1, Ordering::Relaxed);
         let remaining: Micros = allocs.iter().map(|a| a.remaining(now)).sum();
-        if remaining < percent_of(rule.max_grant, self.settings.low_watermark_pct) {
+        // A key whose rate still accrues renews at the maintenance pass (design §9): what it
+        // spends as it accrues never drives it below the watermark into an Acquire per token.
+        if remaining < percent_of(rule.max_grant, self.settings.low_watermark_pct)
+            && !allocs.iter().any(|a| a.accrues(now))
+        {
             v.sizing.follow(rule);
             self.request_lease(kl, now);
         }
@@ -605,6 +611,15 @@ impl LeaseBook {
                 .failure_denials
                 .fetch_add(1, Ordering::Relaxed);
             let wait = self.settings.retry_floor_ns();
+            return denied(remaining, RetryAfter::After(wait), false);
+        }
+        if let Some(wait) = accrual_wait(&v.allocations(), cost, now) {
+            // The key's rate still accrues: its next tokens come from it, not from another
+            // call (the allocator already divided the rate; the maintenance pass renews it).
+            self.counters
+                .accrual_denials
+                .fetch_add(1, Ordering::Relaxed);
+            let wait = wait.max(1);
             return denied(remaining, RetryAfter::After(wait), false);
         }
         match v.protocol.standing(now, ms(self.settings.cold_wait_ms)) {
@@ -744,6 +759,15 @@ impl LeaseBook {
     fn refund_fuse(&self, v: &KeyLease, cost: Micros) {
         v.fuse.refund(self.clock.now(), cost);
     }
+}
+
+/// The soonest any of `allocs` accrues `cost` more at `now`, ns; `None` when none still accrues
+/// (or none ever covers it before its accrual ends).
+fn accrual_wait(allocs: &[Arc<HeldAllocation>], cost: Micros, now: Nanos) -> Option<Nanos> {
+    allocs
+        .iter()
+        .filter_map(|a| a.accrual_wait(cost, now))
+        .min()
 }
 
 /// `pct` percent of `m`, rounded down, saturating at `u64::MAX`; a 64-bit product when it fits.

@@ -198,7 +198,11 @@ impl LeaseManager {
             // An idle key's allocations are released early (issue 9 item 6): closed when the
             // Release is composed, so what they did not spend is grantable elsewhere now
             // rather than at expiry.
-            let finished = a.is_expired(now) || a.spent() >= a.granted || a.is_closed() || idle;
+            let finished = a.is_expired(now)
+                || a.spent() >= a.granted
+                || a.is_closed()
+                || idle
+                || a.spent_all_it_can(now);
             if finished && now >= a.deadline.saturating_add(dead_after) {
                 // Never released (unreachable allocator): it has expired there by now.
                 v.protocol.remove(a.id);
@@ -258,13 +262,20 @@ impl LeaseManager {
             Pending::Acquire(kl) => {
                 c.acquires.fetch_add(1, Ordering::Relaxed);
                 let v = &kl.value;
+                // The allocator ends the accrual of the key's earlier allocations when it
+                // applies this Acquire; they stop accruing here first (design §9).
+                v.allocations()
+                    .iter()
+                    .for_each(|a| a.freeze_accrual(sent_at));
+                let (want, want_rate_per_s) = want(v, s, v.protocol.take_waiting());
                 Op::Acquire(pb::AcquireRequest {
                     key: Some(policy_key(v)),
                     region: s.region.clone(),
                     holder: s.agent_id.clone(),
-                    want: want(v, v.sizing.ttl_ms(), v.protocol.take_waiting()),
+                    want,
                     demand_per_s: v.demand_per_s.load(Ordering::Relaxed),
                     request_id: self.request_id(sent_at),
+                    want_rate_per_s,
                 })
             }
             Pending::Report(_, a) => {
@@ -396,14 +407,19 @@ fn prefetch_due(book: &LeaseBook, v: &KeyLease, now: Nanos) -> bool {
     if demand == 0 {
         return false;
     }
-    let left = v.remaining(now);
+    let interval = ms(book.settings().report_interval_ms);
+    // What accrues until the next pass counts as left (design §9).
+    let left: Micros = v
+        .allocations()
+        .iter()
+        .map(|a| a.remaining_by(now, interval))
+        .fold(0, u64::saturating_add);
     let last_deadline = v
         .allocations()
         .iter()
         .map(|a| a.deadline)
         .max()
         .unwrap_or(0);
-    let interval = ms(book.settings().report_interval_ms);
     let need_soon =
         u64::try_from(u128::from(demand) * u128::from(interval) / u128::from(NANOS_PER_SEC))
             .unwrap_or(u64::MAX);
@@ -439,20 +455,27 @@ fn unreachable(book: &LeaseBook, v: &KeyLease, now: Nanos) {
         .record_failure(now.saturating_add(ms(book.settings().error_backoff_ms)));
 }
 
-/// What to ask for: the demand of one lease period, and at least what the decisions waiting
-/// for this call cost together (`waiting`, µtokens); at least one token and at most the
-/// policy's max grant. The max grant for a cold key (no demand seen yet).
-fn want(v: &KeyLease, ttl_ms: u64, waiting: Micros) -> Micros {
+/// What to ask for: (tokens now, rate), microtokens and microtokens per second. A key with no
+/// measured demand asks the policy's max grant now and no rate. A key with demand d asks d over
+/// one lease plus 25% headroom now; with `rate_leases`, the rate d plus 25% instead, and now
+/// only d over one report interval plus 25% (design §9: the rate accrues while the lease lasts,
+/// so a steady key renews once per report interval whatever its rate). At least what the
+/// decisions waiting for this call cost together (`waiting`), at least one token and at most
+/// the policy's max grant.
+fn want(v: &KeyLease, s: &LeaseSettings, waiting: Micros) -> (Micros, u64) {
     let demand = v.demand_per_s.load(Ordering::Relaxed);
     let max_grant = v.sizing.max_grant();
-    let w = if demand == 0 {
-        max_grant
-    } else {
-        // 25% headroom so a steady key renews before it runs dry.
-        u64::try_from(u128::from(demand) * u128::from(ttl_ms) * 5 / 4 / 1000).unwrap_or(u64::MAX)
+    let headroom = |x: u128| u64::try_from(x * 5 / 4).unwrap_or(u64::MAX);
+    let over = |ms: u64| headroom(u128::from(demand) * u128::from(ms) / 1000);
+    let (now, rate) = match (demand, s.rate_leases) {
+        (0, _) => (max_grant, 0),
+        (_, false) => (over(v.sizing.ttl_ms()), 0),
+        (_, true) => (over(s.report_interval_ms), headroom(u128::from(demand))),
     };
-    w.max(waiting)
-        .clamp(MICROS_PER_TOKEN, max_grant.max(MICROS_PER_TOKEN))
+    let now = now
+        .max(waiting)
+        .clamp(MICROS_PER_TOKEN, max_grant.max(MICROS_PER_TOKEN));
+    (now, rate)
 }
 
 /// An Acquire's answer: install the grant (its lease measured from when the request was sent,
@@ -488,6 +511,7 @@ fn applied_acquire(
                 g.expires_at_unix_ms,
                 g.policy_version,
             )
+            .with_rate(g.rate_per_s, now, g.promised)
             .with_reserve(v.sizing.emergency_reserve(g.granted, s.emergency_ppm));
             // Grants are whole tokens: only a grant below the whole tokens asked is short.
             let short = g.granted < asked - asked % MICROS_PER_TOKEN;

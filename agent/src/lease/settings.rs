@@ -39,6 +39,10 @@ pub struct LeaseSettings {
     /// grantable elsewhere before the leases expire (issue 9 item 6), ms (default 1 000; 0:
     /// never, allocations are then released only when spent or past their deadline).
     pub idle_return_ms: u64,
+    /// Ask the allocator for rate-carrying allocations (design §9): a leased key with measured
+    /// demand asks for its rate and one report interval of tokens now, instead of a whole
+    /// lease of tokens (default false: measured in `docs/design.md` §9, not yet on by default).
+    pub rate_leases: bool,
     /// A central key is promoted to leases when it admits this many tokens within one lease
     /// period at this agent (default 4; 0: every key is leased from first sight). See
     /// [`demand`](super::demand).
@@ -67,6 +71,7 @@ impl LeaseSettings {
             error_backoff_ms: 500,
             idle_evict_ms: 60_000,
             idle_return_ms: 1_000,
+            rate_leases: false,
             promote_tokens: 4,
             demote_tokens: 2,
             backoff_seed: 0,

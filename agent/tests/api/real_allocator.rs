@@ -1138,6 +1138,7 @@ async fn stale_epochs_and_foreign_holders_are_classified_as_such_by_the_agent() 
         holder: "gw-1".into(),
         want: 2 * T,
         demand_per_s: 0,
+        want_rate_per_s: 0,
         request_id: "r1".into(),
     };
     let granted = link

@@ -289,6 +289,7 @@ impl Allocator for FakeAllocator {
                 expires_at_unix_ms: 0,
                 ttl_ms: self.ttl_ms,
                 policy_version: 1,
+                ..Default::default()
             })
         };
         Ok(Response::new(pb::AcquireResponse {

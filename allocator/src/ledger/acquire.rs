@@ -4,7 +4,8 @@
 
 use super::division::Demand;
 use super::fair_share::fair_part;
-use super::sources::{available, check_id, debit, wait_for, OverCapacity, Target};
+use super::rates::{key_rate_ppm, promise, rate_per_s, RateAsk};
+use super::sources::{available, check_id, debit, wait_for, Available, OverCapacity, Target};
 use super::{
     Acquire, Allocation, AllocationState, Charged, Denial, Grant, Ledger, LedgerError, Response,
 };
@@ -65,6 +66,9 @@ impl Ledger {
     ) -> Result<Response, LedgerError> {
         let (rule, kid, version, params) = (&t.rule, &t.kid, t.version, t.params);
         let now_ns = millis_to_nanos(now);
+        // Granted or denied, this Acquire ends the accrual of the holder's earlier rates for
+        // the key (the holder froze them before sending it; design §9).
+        self.supersede(kid, &a.region, &a.holder, now);
         if let Some((retry_after_ms, reason)) = t.no_part(&a.region) {
             self.note_denied(kid, &a.region, &a.holder, now);
             return Ok(Response::Denied(Denial {
@@ -122,45 +126,43 @@ impl Ledger {
         } else if a.want >= MICROS_PER_TOKEN {
             grant = 0;
         }
-        if grant == 0 {
+        let mut expires = now.saturating_add(ttl);
+        if let Some(left_ms) = window_left_ms(&params, now_ns) {
+            // A window's allocation never outlives its window.
+            expires = expires.min(now.saturating_add(left_ms));
+        }
+        let rate_ask = RateAsk {
+            demand,
+            want_per_s: a.want_rate_per_s,
+            part: t.ppm,
+            duration_ms: expires.saturating_sub(now),
+            room: totals_room.saturating_sub(grant),
+        };
+        let rate_ppm = self.rate_part(kid, &a.region, rule, &params, &rate_ask);
+        // A rate that cannot accrue one whole token over the lease would only be asked again
+        // and again by a holder that spends whole tokens: none is granted.
+        let (rate_ppm, rate, promised) = {
+            let rate = rate_per_s(&params, rate_ppm);
+            let promised = promise(rate, rate_ask.duration_ms);
+            if rate == 0 || promised < MICROS_PER_TOKEN {
+                (0, 0, 0)
+            } else {
+                (rate_ppm, rate, promised)
+            }
+        };
+        if grant == 0 && (rate_ppm == 0 || rate < a.want_rate_per_s) {
             self.note_denied(kid, &a.region, &a.holder, now);
         }
-        let ks = self.key_mut(kid)?;
-        if grant == 0 {
-            let need = a
-                .want
-                .min(rule.lease.max_grant)
-                .clamp(1, MICROS_PER_TOKEN.max(1));
-            let need = need.min(params.capacity());
-            let wait = wait_for(ks, &a.region, now, need, OverCapacity::Clamp);
-            let (reason, wait_ms) = if avail.calendar < need {
-                (
-                    format!(
-                        "calendar quota of {} is spent until {} (Unix ms)",
-                        rule.name, avail.period_end
-                    ),
-                    avail.period_end.saturating_sub(now),
-                )
-            } else {
-                let ms = match wait {
-                    RetryAfter::Now => 1,
-                    RetryAfter::After(ns) => nanos_to_millis_ceil(ns).max(1),
-                    RetryAfter::Never => ttl,
-                };
-                let what = if avail.region_is_tighter() {
-                    "region share"
-                } else {
-                    "bucket"
-                };
-                (format!("{what} of {} is empty", rule.name), ms)
-            };
-            return Ok(Response::Denied(Denial {
-                retry_after_ms: wait_ms,
-                reason,
-                policy_version: version,
-            }));
+        if grant == 0 && rate_ppm == 0 {
+            return self.denied(t, a, &avail, now);
         }
 
+        // Ids are never reused, so the id is also the epoch: strictly increasing per policy,
+        // region and holder with no per-holder table to keep (issue 10 item 1).
+        self.next_id = self.next_id.saturating_add(1);
+        let id = self.next_id;
+        let epoch = id;
+        let ks = self.key_mut(kid)?;
         // Debit every source now; unspent tokens come back only at release.
         debit(ks, &a.region, rule, &avail, now, grant);
         let region = ks.regions.entry(a.region.clone()).or_default();
@@ -169,25 +171,19 @@ impl Ledger {
             region: region.bucket.as_ref().map(|b| b.params.kind()),
             calendar_period_start: rule.quota.map(|_| avail.period_start),
         };
-        let mut expires = now.saturating_add(ttl);
-        if let Some(left_ms) = window_left_ms(&params, now_ns) {
-            // A window's allocation never outlives its window.
-            expires = expires.min(now.saturating_add(left_ms));
-        }
         let dead_at = expires.saturating_add(rule.lease.max_drift_ms);
         region.live = region.live.saturating_add(1);
-        // Cannot saturate: the grant is capped by `totals_room` above.
-        region.granted_live = region.granted_live.saturating_add(grant);
+        // Cannot saturate: the grant and its promise are capped by `totals_room` above.
+        let total = grant.saturating_add(promised);
+        region.granted_live = region.granted_live.saturating_add(total);
         ks.live = ks.live.saturating_add(1);
         if !ks.parts.by_region.is_empty() {
             ks.parts.granted(&a.region);
         }
-
-        // Ids are never reused, so the id is also the epoch: strictly increasing per policy,
-        // region and holder with no per-holder table to keep (issue 10 item 1).
-        self.next_id = self.next_id.saturating_add(1);
-        let id = self.next_id;
-        let epoch = id;
+        if rate_ppm > 0 {
+            region.rate_ppm_live = region.rate_ppm_live.saturating_add(u64::from(rate_ppm));
+            region.rated.insert((a.holder.clone(), id));
+        }
         let alloc = Allocation {
             id,
             rule_id: rule.id.clone(),
@@ -197,7 +193,11 @@ impl Ledger {
             region: a.region.clone(),
             holder: a.holder.clone(),
             epoch,
-            granted: grant,
+            granted: total,
+            base: grant,
+            rate_ppm,
+            rate_per_s: rate,
+            accrual_end_ms: expires,
             reported: 0,
             issued_at_ms: now,
             expires_at_ms: expires,
@@ -207,12 +207,72 @@ impl Ledger {
         };
         self.allocations.insert(id, alloc);
         self.deadlines.insert((dead_at, id));
+        if rate_ppm > 0 {
+            // From now on this rate's part of the refill flows to the holder.
+            self.retune_rates(kid, &a.region, now);
+        }
         Ok(Response::Granted(Grant {
             allocation_id: id,
             epoch,
             granted: grant,
             issued_at_ms: now,
             expires_at_ms: expires,
+            policy_version: version,
+            rate_per_s: rate,
+            promised,
+        }))
+    }
+
+    /// The denial of an Acquire that could be granted nothing: what ran out (the calendar
+    /// quota, the region's part or the bucket) and when asking again can succeed.
+    fn denied(
+        &mut self,
+        t: &Target,
+        a: &Acquire,
+        avail: &Available,
+        now: u64,
+    ) -> Result<Response, LedgerError> {
+        let (rule, params, version) = (&t.rule, t.params, t.version);
+        let ttl = rule.lease.ttl_ms;
+        let ks = self.key_mut(&t.kid)?;
+        let need = a
+            .want
+            .min(rule.lease.max_grant)
+            .clamp(1, MICROS_PER_TOKEN.max(1));
+        let need = need.min(params.capacity());
+        let wait = wait_for(ks, &a.region, now, need, OverCapacity::Clamp);
+        let (reason, wait_ms) = if avail.calendar < need {
+            (
+                format!(
+                    "calendar quota of {} is spent until {} (Unix ms)",
+                    rule.name, avail.period_end
+                ),
+                avail.period_end.saturating_sub(now),
+            )
+        } else {
+            let ms = match wait {
+                RetryAfter::Now => 1,
+                RetryAfter::After(ns) => nanos_to_millis_ceil(ns).max(1),
+                RetryAfter::Never => ttl,
+            };
+            // While live rates take the refill the bucket fills slowly, but a rate frees up
+            // within a lease (superseded, released or expired): ask again after a quarter
+            // lease at the latest (design §9).
+            let ms = if key_rate_ppm(ks) > 0 {
+                ms.min((ttl / 4).max(1))
+            } else {
+                ms
+            };
+            let what = if avail.region_is_tighter() {
+                "region share"
+            } else {
+                "bucket"
+            };
+            (format!("{what} of {} is empty", rule.name), ms)
+        };
+        Ok(Response::Denied(Denial {
+            retry_after_ms: wait_ms,
+            reason,
             policy_version: version,
         }))
     }

@@ -60,7 +60,7 @@ pub(super) fn idle_after_ms(rule: &Rule) -> u64 {
 }
 
 /// `micros_per_s` as parts per million of `params`' rate (saturating at `u32::MAX`).
-fn rate_ppm(params: &LimitParams, micros_per_s: u64) -> u32 {
+pub(super) fn rate_ppm(params: &LimitParams, micros_per_s: u64) -> u32 {
     let (micros, per_ns) = match *params {
         LimitParams::TokenBucket { rate, .. } | LimitParams::Gcra { rate, .. } => {
             (rate.micros, rate.per_ns)

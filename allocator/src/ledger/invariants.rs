@@ -4,8 +4,9 @@
 //! The check costs O(live allocations + keys × regions + shares + remembered answers): it never
 //! walks ended allocations one by one, so it stays cheap however long the ledger has run.
 
+use super::rates::{diverted, key_rate_ppm, promise, MAX_RATE_PPM};
 use super::tables::KeyIndex;
-use super::{AllocationState, Ledger};
+use super::{Allocation, AllocationState, KeyState, Ledger, RegionKeyState};
 use allot_common::config::PPM;
 use std::collections::BTreeMap;
 
@@ -14,8 +15,9 @@ use std::collections::BTreeMap;
 #[error("ledger invariant broken: {0}")]
 pub struct InvariantError(pub String);
 
-/// Σ over live allocations of one (rule id, key, region): count, granted, reported.
-type LiveSums = BTreeMap<(String, Vec<u8>, String), (u64, u128, u128)>;
+/// Σ over live allocations of one (rule id, key, region): count, granted, reported, and the
+/// rate (ppm) of those still accruing.
+type LiveSums = BTreeMap<(String, Vec<u8>, String), (u64, u128, u128, u64, usize)>;
 
 fn broken(msg: String) -> Result<(), InvariantError> {
     Err(InvariantError(msg))
@@ -72,12 +74,15 @@ impl Ledger {
                     "live allocation out of bounds: {a:?}"
                 )));
             }
+            check_promise(a)?;
             let e = sums
                 .entry((a.rule_id.clone(), a.key.clone(), a.region.clone()))
                 .or_default();
             e.0 += 1;
             e.1 += u128::from(a.granted);
             e.2 += u128::from(a.reported);
+            e.3 += u64::from(a.rate_ppm);
+            e.4 += usize::from(a.rate_ppm > 0);
         }
         let ended = self.allocations.len() - self.deadlines.len().min(self.allocations.len());
         if self.deadlines.len() > self.allocations.len() || ended != self.ended.len() {
@@ -103,10 +108,11 @@ impl Ledger {
         for ((rule, key), ks) in &self.keys {
             let mut key_live = 0u64;
             for (name, r) in &ks.regions {
-                let (n, g, rep) = sums
+                let (n, g, rep, rate, accruing) = sums
                     .get(&(rule.clone(), key.clone(), name.clone()))
                     .copied()
                     .unwrap_or_default();
+                self.check_region_rates(rule, name, r, (rate, accruing))?;
                 if n > 0 {
                     seen += 1;
                 }
@@ -133,6 +139,7 @@ impl Ledger {
                     ks.live
                 ));
             }
+            check_key_rates(rule, ks)?;
         }
         if seen != sums.len() {
             return broken("a live allocation has no policy key state".into());
@@ -155,6 +162,40 @@ impl Ledger {
         }
         if !self.admin.consistent() {
             return broken("admin answers and their time queue differ".into());
+        }
+        Ok(())
+    }
+
+    /// The region's live rate sum is the sum over its accruing allocations, each of them
+    /// indexed by holder, and every indexed one is live and accruing (design §9).
+    fn check_region_rates(
+        &self,
+        rule: &str,
+        name: &str,
+        r: &RegionKeyState,
+        (rate, accruing): (u64, usize),
+    ) -> Result<(), InvariantError> {
+        if r.rate_ppm_live != rate {
+            return broken(format!(
+                "{rule} region {name}: live rate {} ≠ Σ accruing allocations {rate}",
+                r.rate_ppm_live
+            ));
+        }
+        for (holder, id) in &r.rated {
+            let ok = self.allocations.get(id).is_some_and(|a| {
+                a.state == AllocationState::Live && a.rate_ppm > 0 && a.holder == *holder
+            });
+            if !ok {
+                return broken(format!(
+                    "{rule} region {name}: rated ({holder}, {id}) is not a live accruing allocation"
+                ));
+            }
+        }
+        if r.rated.len() != accruing {
+            return broken(format!(
+                "{rule} region {name}: {} indexed rates for {accruing} accruing allocations",
+                r.rated.len()
+            ));
         }
         Ok(())
     }
@@ -183,4 +224,46 @@ impl Ledger {
         }
         Ok(())
     }
+}
+
+/// An allocation's `granted` is its base plus its rate's promise up to the accrual's end (never
+/// below what was reported), and a rate that still accrues ends with the lease (design §9).
+fn check_promise(a: &Allocation) -> Result<(), InvariantError> {
+    let accrual = a.accrual_end_ms.saturating_sub(a.issued_at_ms);
+    let expected = a
+        .base
+        .saturating_add(promise(a.rate_per_s, accrual))
+        .max(a.reported);
+    if a.granted != expected || a.base > a.granted {
+        return broken(format!(
+            "allocation {}: granted {} ≠ base {} + promise of {} µtok/s over {accrual} ms",
+            a.id, a.granted, a.base, a.rate_per_s
+        ));
+    }
+    if a.rate_ppm > 0 && (a.accrual_end_ms != a.expires_at_ms || a.rate_per_s == 0) {
+        return broken(format!(
+            "allocation {}: an accruing rate must end with its lease: {a:?}",
+            a.id
+        ));
+    }
+    Ok(())
+}
+
+/// Σ live rates of a key ≤ [`MAX_RATE_PPM`] (below the policy's rate), and its global bucket
+/// refills at exactly what they leave of the policy's rate (design §9).
+fn check_key_rates(rule: &str, ks: &KeyState) -> Result<(), InvariantError> {
+    let total = key_rate_ppm(ks);
+    if total > u64::from(MAX_RATE_PPM) {
+        return broken(format!(
+            "{rule}: live rates carry {total} ppm, more than {MAX_RATE_PPM}"
+        ));
+    }
+    if ks.global.params != diverted(ks.undiverted, total) {
+        return broken(format!(
+            "{rule}: the global bucket refills at {:?}, not what {total} ppm of live rates leave \
+             of {:?}",
+            ks.global.params, ks.undiverted
+        ));
+    }
+    Ok(())
 }

@@ -32,6 +32,7 @@ mod fair_share;
 mod handoff;
 mod invariants;
 mod policy;
+mod rates;
 mod settle;
 mod sources;
 mod tables;
@@ -43,6 +44,7 @@ pub use error::{Ended, LedgerError, Table};
 pub use fair_share::{fair_part, one_token_ppm, region_parts, RegionClaim};
 pub use handoff::HYSTERESIS_PPM;
 pub use invariants::InvariantError;
+pub use rates::MAX_RATE_PPM;
 pub use sources::MAX_ID_BYTES;
 pub use tables::{TableCounters, TableKind, TableStats, TableUsage, EVICTION_PROBES};
 pub use types::{
@@ -102,8 +104,18 @@ pub struct Allocation {
     pub holder: String,
     /// Epoch.
     pub epoch: u64,
-    /// Microtokens granted.
+    /// Microtokens the holder may spend at most: `base` plus the rate's promise (design §9),
+    /// never below `reported`.
     pub granted: Micros,
+    /// Microtokens granted at once (debited from the buckets at grant).
+    pub base: Micros,
+    /// Rate carried while it accrues, parts per million of the policy's rate (0: none, or its
+    /// accrual ended early by a superseding Acquire).
+    pub rate_ppm: u32,
+    /// The rate the holder accrues, microtokens per second (0: none).
+    pub rate_per_s: u64,
+    /// When the accrual ends, Unix ms: `expires_at_ms`, or the time of a superseding Acquire.
+    pub accrual_end_ms: u64,
     /// Highest cumulative spend reported, clamped to `granted`.
     pub reported: Micros,
     /// Grant time, Unix ms.
@@ -147,6 +159,10 @@ struct RegionKeyState {
     granted_live: Micros,
     reported_live: Micros,
     stranded: Micros,
+    /// Σ `rate_ppm` over its live allocations that still accrue (design §9).
+    rate_ppm_live: u64,
+    /// (holder, id) of those allocations.
+    rated: BTreeSet<(String, u64)>,
 }
 
 /// State of one policy key.
@@ -165,6 +181,9 @@ struct KeyState {
     /// `None` while it has a live allocation. Kept in snapshots: the idle index is rebuilt
     /// from it, so every replica evicts the same key.
     idle_at_ms: Option<u64>,
+    /// The policy's parameters the global bucket was last tuned to, before the live rates'
+    /// part of its refill is diverted to their holders (design §9).
+    undiverted: LimitParams,
 }
 
 /// A policy document in force.
@@ -457,11 +476,16 @@ impl Ledger {
                 r.granted_live = r.granted_live.saturating_sub(a.granted);
                 r.reported_live = r.reported_live.saturating_sub(a.reported);
                 r.stranded = r.stranded.saturating_add(stranded);
+                if r.rated.remove(&(a.holder.clone(), a.id)) {
+                    r.rate_ppm_live = r.rate_ppm_live.saturating_sub(u64::from(a.rate_ppm));
+                }
             }
             ks.parts.ended(&a.region, a.shares_version);
         }
         self.rebalance_key(&kid, now);
         self.reindex_key(&kid, now);
+        // Its rate (if it still accrued) goes back to the buckets' refill from now.
+        self.retune_rates(&kid, &a.region, now);
         self.ended.push_back((now, a.id));
     }
 
@@ -533,5 +557,7 @@ mod tests;
 mod tests_admin;
 #[cfg(test)]
 mod tests_decide;
+#[cfg(test)]
+mod tests_rates;
 #[cfg(test)]
 mod tests_tables;

@@ -227,6 +227,7 @@ impl Driver {
             holder: g.name.clone(),
             want,
             demand_per_s: g.demand_per_s,
+            want_rate_per_s: 0,
             request_id: format!("{}-{}", g.name, g.seq),
         });
         let r = self.ledger.apply_at(&cmd, now);
@@ -468,6 +469,7 @@ proptest::proptest! {
                 holder: holder.clone(),
                 want: want * T,
                 demand_per_s: demand * T,
+                want_rate_per_s: 0,
                 request_id: format!("{now}-{r}-{h}"),
             });
             if let Response::Granted(g) = d.ledger.apply_at(&cmd, now) {

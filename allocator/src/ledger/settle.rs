@@ -95,11 +95,9 @@ impl Ledger {
         };
         match a.state {
             AllocationState::Live => {}
-            // A retried release gets the same answer.
-            AllocationState::Released { returned }
-                if a.granted.saturating_sub(returned)
-                    == final_spend.min(a.granted).max(a.reported) =>
-            {
+            // A retried release gets the same answer: its final spend was recorded as
+            // `reported`.
+            AllocationState::Released { returned } if final_spend.min(a.granted) <= a.reported => {
                 return Response::Released { returned };
             }
             AllocationState::Released { .. } => {
@@ -116,7 +114,10 @@ impl Ledger {
             }
         }
         let spent = self.clamp_spend(&a, final_spend);
-        let returned = a.granted.saturating_sub(spent);
+        // What it was entitled to by now and did not spend: its base, and what its rate
+        // accrued until now (the rest of the promise was never taken from the buckets: it
+        // stops being diverted when the allocation ends, design §9).
+        let returned = a.entitled_at(now).saturating_sub(spent);
         self.refund(&a, returned, now);
         if let Some(r) = self
             .keys

@@ -6,6 +6,7 @@
 
 use super::calendar::period_bounds;
 use super::division::Demand;
+use super::rates::{diverted, key_rate_ppm, region_params};
 use super::{Bucket, KeyId, KeyState, Ledger, LedgerError, PolicyKey};
 use allot_common::algorithm::LimitParams;
 use allot_common::config::{Rule, RuleLimit, Scope};
@@ -27,7 +28,7 @@ pub(super) fn check_id(what: &str, v: &str) -> Result<(), LedgerError> {
 }
 
 /// Brings a bucket to `params` at time `at` when its parameters changed (seed §28).
-fn retune(b: &mut Bucket, params: LimitParams, at_ns: u64) {
+pub(super) fn retune(b: &mut Bucket, params: LimitParams, at_ns: u64) {
     if b.params != params {
         let st = std::mem::replace(&mut b.state, params.initial_state(at_ns));
         b.state = params.transition_from(&b.params, st, at_ns);
@@ -158,6 +159,7 @@ impl Ledger {
                 parts: Default::default(),
                 created_ms: now,
                 idle_at_ms: Some(now),
+                undiverted: params,
             };
             self.insert_key(kid.clone(), ks);
         }
@@ -166,12 +168,19 @@ impl Ledger {
         let ks = self.key_mut(&kid)?;
         let ppm = share.map(|_| ks.parts.effective(region));
         let shares_version = ks.parts.version;
-        retune(&mut ks.global, params, activated_ns);
+        // The live rates' part of the refill flows to their holders (design §9).
+        ks.undiverted = params;
+        let diverted_params = diverted(params, key_rate_ppm(ks));
+        retune(&mut ks.global, diverted_params, activated_ns);
         let new_region = !ks.regions.contains_key(region);
         let part = ks.regions.entry(region.to_string()).or_default();
-        match (ppm.map(|p| params.scaled(p)), &mut part.bucket) {
-            (Some(Some(rp)), Some(b)) => retune(b, rp, now_ns),
-            (Some(Some(rp)), slot @ None) => {
+        let region_rates = part.rate_ppm_live;
+        match (
+            ppm.and_then(|p| region_params(params, p, region_rates)),
+            &mut part.bucket,
+        ) {
+            (Some(rp), Some(b)) => retune(b, rp, now_ns),
+            (Some(rp), slot @ None) => {
                 *slot = Some(Bucket {
                     params: rp,
                     state: rp.initial_state(now_ns),

@@ -98,6 +98,7 @@ pub(super) fn acquire(
             holder: holder.into(),
             want,
             demand_per_s: 0,
+            want_rate_per_s: 0,
             request_id: id.into(),
         }),
         t,
@@ -113,6 +114,7 @@ fn acquire_one(l: &mut Ledger, tenant: &str, t: u64, id: &str) -> Response {
             holder: "gw".into(),
             want: T,
             demand_per_s: 0,
+            want_rate_per_s: 0,
             request_id: id.into(),
         }),
         t,
@@ -676,12 +678,12 @@ fn bad_input_is_refused_precisely_and_changes_nothing() {
     let mut l = ledger(REGIONAL);
     let before = l.snapshot();
     let cases: Vec<(Command, &str)> = vec![
-        (Command::Acquire(Acquire { key: key("acme"), region: "eu-west".into(), holder: "h".into(), want: 0, demand_per_s: 0, request_id: "x".into() }), "BadInput"),
-        (Command::Acquire(Acquire { key: key("acme"), region: "mars".into(), holder: "h".into(), want: T, demand_per_s: 0, request_id: "x".into() }), "UnknownRegion"),
-        (Command::Acquire(Acquire { key: PolicyKey { domain: "nope".into(), entries: vec![("tenant".into(), "a".into())] }, region: "eu-west".into(), holder: "h".into(), want: T, demand_per_s: 0, request_id: "x".into() }), "UnknownDomain"),
-        (Command::Acquire(Acquire { key: PolicyKey { domain: "api".into(), entries: vec![("tenant".into(), String::new())] }, region: "eu-west".into(), holder: "h".into(), want: T, demand_per_s: 0, request_id: "x".into() }), "BadInput"),
-        (Command::Acquire(Acquire { key: PolicyKey { domain: "api".into(), entries: vec![("user".into(), "u".into())] }, region: "eu-west".into(), holder: "h".into(), want: T, demand_per_s: 0, request_id: "x".into() }), "NoMatchingLimit"),
-        (Command::Acquire(Acquire { key: key("acme"), region: "eu-west".into(), holder: String::new(), want: T, demand_per_s: 0, request_id: "x".into() }), "BadInput"),
+        (Command::Acquire(Acquire { key: key("acme"), region: "eu-west".into(), holder: "h".into(), want: 0, demand_per_s: 0, want_rate_per_s: 0, request_id: "x".into() }), "BadInput"),
+        (Command::Acquire(Acquire { key: key("acme"), region: "mars".into(), holder: "h".into(), want: T, demand_per_s: 0, want_rate_per_s: 0, request_id: "x".into() }), "UnknownRegion"),
+        (Command::Acquire(Acquire { key: PolicyKey { domain: "nope".into(), entries: vec![("tenant".into(), "a".into())] }, region: "eu-west".into(), holder: "h".into(), want: T, demand_per_s: 0, want_rate_per_s: 0, request_id: "x".into() }), "UnknownDomain"),
+        (Command::Acquire(Acquire { key: PolicyKey { domain: "api".into(), entries: vec![("tenant".into(), String::new())] }, region: "eu-west".into(), holder: "h".into(), want: T, demand_per_s: 0, want_rate_per_s: 0, request_id: "x".into() }), "BadInput"),
+        (Command::Acquire(Acquire { key: PolicyKey { domain: "api".into(), entries: vec![("user".into(), "u".into())] }, region: "eu-west".into(), holder: "h".into(), want: T, demand_per_s: 0, want_rate_per_s: 0, request_id: "x".into() }), "NoMatchingLimit"),
+        (Command::Acquire(Acquire { key: key("acme"), region: "eu-west".into(), holder: String::new(), want: T, demand_per_s: 0, want_rate_per_s: 0, request_id: "x".into() }), "BadInput"),
         (Command::PutPolicy { yaml: "domain: api\ndescriptors: [{key: k, rate_limit: {unit: second, requests_per_unit: 0}}]\n".into(), expected_version: 1, request_id: String::new(), }, "BadInput"),
         (Command::PutPolicy { yaml: REGIONAL.into(), expected_version: 7, request_id: String::new(), }, "PolicyVersionMismatch"),
         (Command::SetShares { policy: "nope".into(), shares: vec![], config_version: 1, request_id: String::new(), }, "UnknownPolicy"),
@@ -868,7 +870,7 @@ fn reports_and_releases_from_another_holder_are_refused() {
     );
 }
 
-const HUGE: &str = "domain: api
+pub(super) const HUGE: &str = "domain: api
 descriptors:
   - key: tenant
     rate_limit:
@@ -895,6 +897,7 @@ fn totals_stay_exact_at_extreme_policies() {
                     holder: "gw".into(),
                     want,
                     demand_per_s: 0,
+                    want_rate_per_s: 0,
                     request_id: format!("{tenant}{s}"),
                 }),
                 base + s * 1_000,

@@ -147,6 +147,7 @@ fn bad_decides_are_refused_and_change_nothing() {
             holder: "gw1".into(),
             want: T,
             demand_per_s: 0,
+            want_rate_per_s: 0,
             request_id: "used-by-decide".into(),
         }),
     ];
@@ -209,6 +210,7 @@ fn a_batch_is_its_commands_in_order_at_one_time() {
             holder: "gw2".into(),
             want: 5 * T,
             demand_per_s: 0,
+            want_rate_per_s: 0,
             request_id: "a1".into(),
         }),
         Command::Batch(vec![Command::Tick]),

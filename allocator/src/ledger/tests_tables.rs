@@ -20,6 +20,7 @@ fn ask(tenant: &str, region: &str, holder: &str, want: u64, id: &str) -> Command
         holder: holder.into(),
         want,
         demand_per_s: 0,
+        want_rate_per_s: 0,
         request_id: id.into(),
     })
 }

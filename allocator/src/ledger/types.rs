@@ -44,6 +44,9 @@ pub struct Acquire {
     /// The holder's measured demand, microtokens per second; 0 when it does not know. Weighs
     /// its region's claim in the division among regions (seed §20–22).
     pub demand_per_s: u64,
+    /// The refill rate the holder asks to accrue over its lease, microtokens per second; 0 for
+    /// a plain grant (design §9).
+    pub want_rate_per_s: u64,
     /// Client-chosen id: a retry with the same (holder, id) gets the same answer, charged once.
     pub request_id: String,
 }
@@ -128,7 +131,7 @@ pub struct Grant {
     pub allocation_id: u64,
     /// Equal to the allocation id, hence strictly increasing per policy + region + holder.
     pub epoch: u64,
-    /// Microtokens granted; > 0.
+    /// Microtokens granted now (the base); > 0 unless the grant carries a rate.
     pub granted: u64,
     /// Leader-stamped grant time, Unix ms.
     pub issued_at_ms: u64,
@@ -136,6 +139,11 @@ pub struct Grant {
     pub expires_at_ms: u64,
     /// Policy document version it was granted under.
     pub policy_version: u64,
+    /// Refill rate the holder accrues until its local deadline, microtokens per second (0:
+    /// none; design §9).
+    pub rate_per_s: u64,
+    /// The most the rate adds over the lease, microtokens (in the overshoot bound).
+    pub promised: u64,
 }
 
 /// Nothing could be granted now.

@@ -70,6 +70,7 @@ mod tests {
             holder: "gw".into(),
             want: 1_000_000,
             demand_per_s: 0,
+            want_rate_per_s: 0,
             request_id: "r1".into(),
         });
         assert!(matches!(l.apply(&acquire, 1_000), Response::Granted(_)));

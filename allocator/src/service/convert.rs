@@ -18,6 +18,7 @@ pub fn acquire_command(b: pb::AcquireRequest) -> Option<Command> {
         holder: b.holder,
         want: b.want,
         demand_per_s: b.demand_per_s,
+        want_rate_per_s: b.want_rate_per_s,
         request_id: b.request_id,
     }))
 }
@@ -83,6 +84,8 @@ pub fn acquire_response(r: LResp) -> Result<pb::AcquireResponse, LResp> {
             expires_at_unix_ms: g.expires_at_ms,
             ttl_ms: g.expires_at_ms.saturating_sub(g.issued_at_ms),
             policy_version: g.policy_version,
+            rate_per_s: g.rate_per_s,
+            promised: g.promised,
         }),
         LResp::Denied(d) => O::Denial(pb::Denial {
             retry_after_ms: d.retry_after_ms,

@@ -136,6 +136,7 @@ async fn batch_and_decide_through_a_follower_answer_every_item_in_order() {
         holder: "gw1".into(),
         want: 5 * T,
         demand_per_s: 0,
+        want_rate_per_s: 0,
         request_id: "a1".into(),
     };
     let no_key = pb::DecideRequest {

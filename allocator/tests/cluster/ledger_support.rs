@@ -92,6 +92,7 @@ pub fn acquire(tenant: &str, holder: &str, want: u64, request_id: &str) -> pb::A
         holder: holder.into(),
         want,
         demand_per_s: 0,
+        want_rate_per_s: 0,
         request_id: request_id.into(),
     }
 }
