@@ -544,8 +544,10 @@ async fn gateways_through_an_outage_admit_at_most_their_granted_reserves() {
         }
     }
     fake.down.store(true, Ordering::SeqCst);
+    // A gateway may have prefetched a second grant (20 tokens) before the outage began: 45
+    // checks, one a second, exhaust both grants and the reserve well within the 60 s lease.
     for (rig, _, _) in &gateways {
-        for _ in 0..20 {
+        for _ in 0..45 {
             rig.clock.advance(1_000 * MS);
             if check(rig, "fleet", "f", 1).await == CoreCode::Ok {
                 admitted += 1;
