@@ -14,6 +14,7 @@
 pub use prost_types;
 
 pub mod error_detail;
+pub mod rls_raw;
 
 /// `google.rpc`: the gRPC rich error model's [`google::rpc::Status`], the encoding of a failed
 /// call's status details (see [`error_detail`]).

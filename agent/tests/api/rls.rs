@@ -8,6 +8,13 @@ use allot_proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateL
 use allot_proto::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService;
 use allot_proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use allot_proto::prost_types::Duration;
+use prost::bytes::BufMut;
+use prost::Message;
+use std::sync::atomic::Ordering;
+use tonic::codec::{Codec, EncodeBuf, Encoder};
+use tonic::codegen::http::uri::PathAndQuery;
+use tonic::Status;
+use tonic_prost::ProstDecoder;
 
 fn headers(r: &RateLimitResponse) -> Vec<(String, String)> {
     r.response_headers_to_add
@@ -316,4 +323,119 @@ async fn over_loopback_grpc() {
         .unwrap()
         .into_inner();
     assert_eq!(resp.overall_code, Code::Ok as i32);
+}
+
+/// Sends `body` as the raw `ShouldRateLimit` message (bytes no typed client would encode).
+async fn raw_should_rate_limit(url: &str, body: Vec<u8>) -> Result<RateLimitResponse, Status> {
+    let channel = tonic::transport::Channel::from_shared(url.to_string())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.unwrap();
+    let path =
+        PathAndQuery::from_static("/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit");
+    grpc.unary(tonic::Request::new(body), path, RawCodec)
+        .await
+        .map(|r| r.into_inner())
+}
+
+/// Encodes a request's bytes as they are; decodes the response with prost.
+struct RawCodec;
+struct RawEncoder;
+
+impl Codec for RawCodec {
+    type Encode = Vec<u8>;
+    type Decode = RateLimitResponse;
+    type Encoder = RawEncoder;
+    type Decoder = ProstDecoder<RateLimitResponse>;
+    fn encoder(&mut self) -> RawEncoder {
+        RawEncoder
+    }
+    fn decoder(&mut self) -> Self::Decoder {
+        ProstDecoder::default()
+    }
+}
+
+impl Encoder for RawEncoder {
+    type Item = Vec<u8>;
+    type Error = Status;
+    fn encode(&mut self, item: Vec<u8>, buf: &mut EncodeBuf<'_>) -> Result<(), Status> {
+        buf.put_slice(&item);
+        Ok(())
+    }
+}
+
+/// Envoy copies header values (HTTP/1 obs-text: bytes 0x80–0xFF) into the request's `string`
+/// fields unchecked. Such a request was INVALID_ARGUMENT before the handler ran, which Envoy lets
+/// through by default: it is OVER_LIMIT with the field named, nothing spent, counted invalid; a
+/// body that is no protobuf at all stays INVALID_ARGUMENT (issue 10 item 16).
+#[tokio::test]
+async fn non_utf8_strings_over_loopback_are_over_limit_and_spend_nothing() {
+    let r = rig(LOCAL);
+    let servers = Servers::start(r.gateway.clone()).await;
+    let url = servers.grpc_url();
+    let encode =
+        |d: &str, k: &str, v: &str| rls(d, &[&[(k, v)], &[("free", "x")]], 0).encode_to_vec();
+    let patch = |mut b: Vec<u8>, from: &[u8], to: &[u8]| {
+        let at = b.windows(from.len()).position(|w| w == from).unwrap();
+        b[at..at + from.len()].copy_from_slice(to);
+        b
+    };
+    let cases = [
+        (
+            patch(
+                encode("edge", "client", "ZZ\u{1}"),
+                b"ZZ\x01",
+                b"\xff\xfe\x80",
+            ),
+            "descriptors[0].entries[0].value is not UTF-8",
+        ),
+        (
+            patch(encode("edge", "clienQ", "z"), b"clienQ", b"clien\xc3"),
+            "descriptors[0].entries[0].key is not UTF-8",
+        ),
+        (
+            patch(encode("edgQ", "client", "z"), b"edgQ", b"edg\xe9"),
+            "domain is not UTF-8",
+        ),
+    ];
+    let invalid_before = r.gateway.metrics().requests.invalid.load(Ordering::Relaxed);
+    for (body, msg) in cases {
+        let resp = raw_should_rate_limit(&url, body)
+            .await
+            .expect("never an RLS error");
+        assert_eq!(resp.overall_code, Code::OverLimit as i32, "{msg}");
+        assert_eq!(resp.statuses.len(), 2, "{msg}");
+        assert!(resp
+            .statuses
+            .iter()
+            .all(|s| s.code == Code::OverLimit as i32));
+        assert!(headers(&resp).iter().all(|(k, _)| k != "retry-after"));
+        let body: serde_json::Value = serde_json::from_slice(&resp.raw_body).expect("JSON body");
+        assert_eq!(
+            body,
+            serde_json::json!({"error": "invalid_argument", "message": msg})
+        );
+    }
+    let invalid_after = r.gateway.metrics().requests.invalid.load(Ordering::Relaxed);
+    assert_eq!(
+        invalid_after - invalid_before,
+        3,
+        "each refusal counted invalid"
+    );
+    // Not a protobuf at all (field 2 claims 100 bytes, 2 follow): an error, as before.
+    let err = raw_should_rate_limit(&url, b"\x12\x64\x0a\x00".to_vec())
+        .await
+        .expect_err("not a protobuf");
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    // Nothing was spent and the agent still answers: the valid bytes pass the same decoder.
+    for remaining in [2u32, 1, 0] {
+        let resp = raw_should_rate_limit(&url, encode("edge", "client", "z"))
+            .await
+            .unwrap();
+        assert_eq!(resp.overall_code, Code::Ok as i32);
+        assert_eq!(resp.statuses[0].limit_remaining, remaining);
+    }
 }

@@ -37,13 +37,14 @@ use allot_proto::envoy::extensions::common::ratelimit::v3::{
 use allot_proto::envoy::service::ratelimit::v3::rate_limit_response::{
     self, rate_limit::Unit as PbUnit, DescriptorStatus as PbStatus, RateLimit as PbLimit,
 };
-use allot_proto::envoy::service::ratelimit::v3::rate_limit_service_server::{
-    RateLimitService, RateLimitServiceServer,
-};
+use allot_proto::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService;
 use allot_proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use allot_proto::prost_types::Duration as PbDuration;
 use std::sync::Arc;
 use tonic::{Request as TonicRequest, Response, Status};
+
+mod wire;
+pub use wire::{RlsCodec, RlsDecoder, RlsRequest, RlsServer};
 
 impl WireEntry for rate_limit_descriptor::Entry {
     fn key(&self) -> &str {
@@ -76,9 +77,36 @@ impl RlsService {
         RlsService { gateway }
     }
 
-    /// The tonic server for this service.
-    pub fn into_server(self) -> RateLimitServiceServer<Self> {
-        RateLimitServiceServer::new(self)
+    /// The tonic server for this service, whose decoder refuses non-UTF-8 strings as OVER_LIMIT
+    /// instead of erring ([`RlsServer`]).
+    pub fn into_server(self) -> RlsServer {
+        RlsServer::new(self)
+    }
+
+    /// Answers one decoded `ShouldRateLimit` body; invalid input (including a string field that
+    /// is not UTF-8) is OVER_LIMIT with the reason ([`refused_invalid`]), never an error.
+    ///
+    /// # Errors
+    /// A [`Status`] only when the agent itself fails (not for anything the caller sent).
+    pub async fn answer(&self, request: RlsRequest) -> Result<RateLimitResponse, Status> {
+        match request {
+            RlsRequest::Valid(r) => self.answer_valid(&r).await,
+            RlsRequest::NotUtf8 { field, descriptors } => {
+                self.gateway.count_invalid();
+                let e = ApiError::Malformed(format!("{field} is not UTF-8"));
+                Ok(refused_invalid(descriptors, &e))
+            }
+        }
+    }
+
+    /// [`Self::decide`], with invalid input refused as OVER_LIMIT instead of returned.
+    async fn answer_valid(&self, r: &RateLimitRequest) -> Result<RateLimitResponse, Status> {
+        match self.decide(r).await {
+            Ok(resp) => Ok(resp),
+            // Fail closed: an error would let the request through Envoy (issue 10 item 16).
+            Err(e) if e.is_invalid_argument() => Ok(refused_invalid(r.descriptors.len(), &e)),
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// Decides one request and translates the answer; an unknown domain is OK with no limits.
@@ -225,14 +253,8 @@ impl RateLimitService for RlsService {
         &self,
         request: TonicRequest<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
-        let r = request.get_ref();
-        match self.decide(r).await {
-            Ok(resp) => Ok(Response::new(resp)),
-            // Fail closed: an error would let the request through Envoy (issue 10 item 16).
-            Err(e) if e.is_invalid_argument() => {
-                Ok(Response::new(refused_invalid(r.descriptors.len(), &e)))
-            }
-            Err(e) => Err(e.into()),
-        }
+        self.answer_valid(request.get_ref())
+            .await
+            .map(Response::new)
     }
 }
