@@ -282,6 +282,30 @@ class ShouldRateLimit(unittest.TestCase):
         # The agent still answers afterwards.
         self.assertEqual(ask([descriptor([("free", "x")])]).overall_code, OK)
 
+    def test_non_utf8_header_bytes_are_over_limit_not_an_error(self):
+        # Envoy copies header values (HTTP/1 obs-text, bytes 0x80-0xFF) into the string fields
+        # unchecked; an RLS error would let the request through Envoy by default.
+        raw = AGENT_PROC.channel.unary_unary(
+            "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
+            response_deserializer=rls_pb2.RateLimitResponse.FromString)
+        valid = rls_pb2.RateLimitRequest(
+            domain="conformance",
+            descriptors=[descriptor([("client", "ZZZ")]), descriptor([("free", "x")])],
+        ).SerializeToString()
+        body = valid.replace(b"ZZZ", b"\xff\xfe\x80")
+        for _ in range(2):
+            r = raw(body, timeout=5)
+            self.assertEqual(r.overall_code, OVER_LIMIT)
+            self.assertEqual([s.code for s in r.statuses], [OVER_LIMIT, OVER_LIMIT])
+            self.assertNotIn("retry-after", {h.key for h in r.response_headers_to_add})
+            self.assertEqual(json.loads(r.raw_body), {
+                "error": "invalid_argument",
+                "message": "descriptors[0].entries[0].value is not UTF-8"})
+        # Nothing was spent: the same request with a valid value is still allowed 3 times.
+        for _ in range(3):
+            self.assertEqual(raw(valid, timeout=5).overall_code, OK)
+        self.assertEqual(raw(valid, timeout=5).overall_code, OVER_LIMIT)
+
     def test_http_check_429_headers_and_body(self):
         body = json.dumps({"domain": "conformance",
                            "descriptors": [{"entries": [{"key": "client", "value": "http"}]}]})

@@ -16,9 +16,11 @@
 //! so an INVALID_ARGUMENT for a 2 KB `x-tenant` header would let that client past every limit.
 //! It is OVER_LIMIT on every descriptor, without `retry-after`, with
 //! `{"error":"invalid_argument","message":…}` naming the problem as `raw_body` (the body Envoy
-//! sends with its 429); nothing is spent and the agent counts it as invalid. Only a body that is
-//! not a protobuf at all is INVALID_ARGUMENT (tonic refuses it before it reaches here; Envoy
-//! never sends one). A descriptor's `limit`
+//! sends with its 429); nothing is spent and the agent counts it as invalid. A string field that
+//! is not UTF-8 (Envoy copies HTTP/1 header bytes 0x80–0xFF into them unchecked) is refused the
+//! same way, naming the field: the server's decoder (`rls/wire.rs`) hands the handler an
+//! [`RlsRequest::NotUtf8`] instead of failing the call. Only a body that is not a protobuf at
+//! all is INVALID_ARGUMENT (refused by that decoder; Envoy never sends one). A descriptor's `limit`
 //! override is ignored: the configured limit always applies (an override from the data plane
 //! would let any client raise its own limit).
 
