@@ -36,10 +36,8 @@ pub struct LeaseSettings {
     pub idle_evict_ms: u64,
     /// A leased key that decided nothing for this long returns what it holds early: its
     /// allocations are closed and released with their final spend, so the unspent tokens are
-    /// grantable elsewhere before the leases expire (issue 9 item 6), ms (default 0: never,
-    /// allocations are then released only when spent or past their deadline). Off by default:
-    /// at 1 000 the skew part's resuming ap-south never reached 95/s (its released
-    /// allocations gave up the region part it resumes on; 3.0 s with it off), see design §3.
+    /// grantable elsewhere before the leases expire (issue 9 item 6), ms (default 1 000; 0:
+    /// never, allocations are then released only when spent or past their deadline).
     pub idle_return_ms: u64,
     /// Ask the allocator for rate-carrying allocations (design §9): a leased key with measured
     /// demand asks for its rate and one report interval of tokens now, instead of a whole
@@ -72,7 +70,7 @@ impl LeaseSettings {
             retry_floor_ms: 100,
             error_backoff_ms: 500,
             idle_evict_ms: 60_000,
-            idle_return_ms: 0,
+            idle_return_ms: 1_000,
             rate_leases: false,
             promote_tokens: 4,
             demote_tokens: 2,
