@@ -83,6 +83,25 @@ pub(super) fn ledger(yaml: &str) -> Ledger {
     l
 }
 
+/// An Acquire of `want` microtokens for `tenant` by `holder` in `region`, with request id `id`.
+pub(super) fn acquire_cmd(
+    tenant: &str,
+    region: &str,
+    holder: &str,
+    want: u64,
+    id: &str,
+) -> Command {
+    Command::Acquire(Acquire {
+        key: key(tenant),
+        region: region.into(),
+        holder: holder.into(),
+        want,
+        demand_per_s: 0,
+        want_rate_per_s: 0,
+        request_id: id.into(),
+    })
+}
+
 pub(super) fn acquire(
     l: &mut Ledger,
     t: u64,
@@ -91,34 +110,12 @@ pub(super) fn acquire(
     want: u64,
     id: &str,
 ) -> Response {
-    l.apply_at(
-        &Command::Acquire(Acquire {
-            key: key("acme"),
-            region: region.into(),
-            holder: holder.into(),
-            want,
-            demand_per_s: 0,
-            want_rate_per_s: 0,
-            request_id: id.into(),
-        }),
-        t,
-    )
+    l.apply_at(&acquire_cmd("acme", region, holder, want, id), t)
 }
 
 /// One whole token for `tenant`, from holder "gw" in region "eu" (key-cap and idleness tests).
 fn acquire_one(l: &mut Ledger, tenant: &str, t: u64, id: &str) -> Response {
-    l.apply_at(
-        &Command::Acquire(Acquire {
-            key: key(tenant),
-            region: "eu".into(),
-            holder: "gw".into(),
-            want: T,
-            demand_per_s: 0,
-            want_rate_per_s: 0,
-            request_id: id.into(),
-        }),
-        t,
-    )
+    l.apply_at(&acquire_cmd(tenant, "eu", "gw", T, id), t)
 }
 
 pub(super) fn granted(r: &Response) -> Grant {

@@ -2,7 +2,7 @@
 //! and request ids stay within their caps, refusals are counted and change nothing, eviction
 //! looks at a bounded number of entries, and the idle index survives a snapshot.
 
-use super::tests::{key, ledger, T0};
+use super::tests::{acquire_cmd as ask, key, ledger, T0};
 use super::*;
 use allot_common::units::MICROS_PER_TOKEN as T;
 
@@ -11,18 +11,6 @@ fn capped(max_keys: u64, max_regions: u64, max_holders: u64) -> Ledger {
     ledger(&format!(
         "domain: api\ndescriptors:\n  - key: tenant\n    rate_limit: {{unit: second, requests_per_unit: 10, burst: 10, max_keys: {max_keys}, lease: {{ttl_ms: 5000, max_grant: 10, max_drift_ms: 500, max_regions: {max_regions}, max_holders: {max_holders}}}}}\n"
     ))
-}
-
-fn ask(tenant: &str, region: &str, holder: &str, want: u64, id: &str) -> Command {
-    Command::Acquire(Acquire {
-        key: key(tenant),
-        region: region.into(),
-        holder: holder.into(),
-        want,
-        demand_per_s: 0,
-        want_rate_per_s: 0,
-        request_id: id.into(),
-    })
 }
 
 /// Applies `cmd` at `t`, checks every invariant, and returns the answer.
