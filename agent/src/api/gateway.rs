@@ -1,0 +1,296 @@
+//! What every adapter calls: the one enforcer, request tracking and metrics.
+
+use super::{refund, ApiError, GatewaySettings, Reserved, Settled, Verdict};
+use crate::enforce::Enforcer;
+use crate::inflight::{Begin, InFlight, OwnedRequest, Reservation};
+use crate::metrics::Metrics;
+use allot_common::config::ConfigSet;
+use allot_common::descriptor::Request;
+use allot_common::limiter::{Code, Reason};
+use allot_common::units::millis_to_nanos;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// What every adapter calls: the one enforcer, request tracking and metrics.
+#[derive(Debug)]
+pub struct Gateway {
+    enforcer: Arc<Enforcer>,
+    inflight: InFlight<Arc<Verdict>>,
+    metrics: Arc<Metrics>,
+    settings: GatewaySettings,
+    seq: AtomicU64,
+}
+
+impl Gateway {
+    /// A gateway deciding with `enforcer`, counting into `metrics`.
+    pub fn new(enforcer: Arc<Enforcer>, metrics: Arc<Metrics>, settings: GatewaySettings) -> Self {
+        metrics.apply(&enforcer.snapshot());
+        Gateway {
+            inflight: InFlight::new(settings.max_tracked, millis_to_nanos(settings.tombstone_ms)),
+            enforcer,
+            metrics,
+            settings,
+            seq: AtomicU64::new(0),
+        }
+    }
+
+    /// The enforcer.
+    pub fn enforcer(&self) -> &Arc<Enforcer> {
+        &self.enforcer
+    }
+
+    /// The metrics.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// Requests tracked now (reservations, held slots, tombstones).
+    pub fn tracked(&self) -> usize {
+        self.inflight.len()
+    }
+
+    /// Makes `config` current; returns its version.
+    pub fn apply(&self, config: ConfigSet) -> u64 {
+        let v = self.enforcer.apply(config);
+        self.metrics.apply(&self.enforcer.snapshot());
+        v
+    }
+
+    /// Counts an invalid request (for adapters refusing before the gateway is called).
+    pub fn count_invalid(&self) {
+        self.metrics.invalid();
+    }
+
+    /// Decides `req` once, taking concurrency slots. A cost beyond a limit's capacity is an
+    /// OVER_LIMIT verdict that can never pass ([`Verdict::never_passes`]), not an error.
+    ///
+    /// With `record` (a reservation) the verdict keeps what each leased descriptor charged, so a
+    /// settlement refunds exactly there.
+    async fn decide(
+        &self,
+        req: &Request<'_>,
+        permits: &mut Vec<allot_common::concurrency::Permit>,
+        record: bool,
+    ) -> Result<Verdict, ApiError> {
+        let started = Instant::now();
+        let mut statuses = Vec::with_capacity(req.descriptors.len());
+        let mut outcome = self
+            .enforcer
+            .decide_with_slots(req, &mut statuses, permits, record)
+            .await;
+        // A full key may be full of requests the gateway forgot to finish: expire what is due
+        // and decide once more (the denial spent nothing, so deciding again is exact).
+        if let Ok((o, _, _)) = &outcome {
+            let concurrency = statuses
+                .iter()
+                .any(|s| s.reason == Reason::ConcurrencyLimit);
+            if o.code == Code::OverLimit
+                && concurrency
+                && self.inflight.sweep(self.enforcer.clock().now()) > 0
+            {
+                outcome = self
+                    .enforcer
+                    .decide_with_slots(req, &mut statuses, permits, record)
+                    .await;
+            }
+        }
+        let (outcome, snapshot, charges) = match outcome {
+            Ok(o) => o,
+            Err(e) => {
+                self.metrics.invalid();
+                return Err(e.into());
+            }
+        };
+        self.metrics.record(
+            req.domain,
+            &outcome,
+            &statuses,
+            started.elapsed().as_secs_f64(),
+        );
+        Ok(Verdict {
+            outcome,
+            statuses,
+            snapshot,
+            domain: req.domain.to_string(),
+            charges,
+        })
+    }
+
+    /// Decides `req` (Check). With a `request_id`, the concurrency slots of capped rules are
+    /// held until [`done`](Self::done) or the slot timeout; without one, a capped key is only
+    /// checked for a free slot.
+    ///
+    /// # Errors
+    /// [`ApiError`] for invalid input or too many tracked requests;
+    /// nothing is spent.
+    pub async fn check(
+        &self,
+        req: &Request<'_>,
+        request_id: Option<&str>,
+    ) -> Result<Verdict, ApiError> {
+        let id = request_id.filter(|s| !s.is_empty());
+        if id.is_some() && self.enforcer.slots().any_capped(req.domain) {
+            self.inflight.has_room()?;
+        }
+        let mut permits = Vec::new();
+        let verdict = self.decide(req, &mut permits, false).await?;
+        if let (Some(id), false) = (id, permits.is_empty()) {
+            let until = self
+                .enforcer
+                .clock()
+                .now()
+                .saturating_add(millis_to_nanos(self.settings.slot_ttl_ms));
+            self.inflight.hold(id, permits, until);
+        }
+        Ok(verdict)
+    }
+
+    /// Reserves `req`, whose cost is the maximum (seed §24). A repeated `request_id` returns the
+    /// same reservation and spends nothing more. `ttl_ms` 0 means the default; it is capped at
+    /// `max_reserve_ttl_ms`.
+    ///
+    /// # Errors
+    /// As [`check`](Self::check), plus [`InFlightError::InProgress`](crate::inflight::InFlightError::InProgress) when the same id is being
+    /// decided and [`InFlightError::Expired`](crate::inflight::InFlightError::Expired) when its reservation expired.
+    pub async fn reserve(
+        &self,
+        req: &Request<'_>,
+        request_id: Option<&str>,
+        ttl_ms: u64,
+    ) -> Result<Reserved, ApiError> {
+        let generated;
+        let id = match request_id.filter(|s| !s.is_empty()) {
+            Some(id) => id,
+            None => {
+                generated = format!(
+                    "{}-r{}",
+                    self.enforcer.settings().agent_id,
+                    self.seq.fetch_add(1, Ordering::Relaxed)
+                );
+                generated.as_str()
+            }
+        };
+        // Validate before tracking anything, so a bad request leaves no trace.
+        req.validate().inspect_err(|_| self.metrics.invalid())?;
+        let now = self.enforcer.clock().now();
+        let ttl = if ttl_ms == 0 {
+            self.settings.default_reserve_ttl_ms
+        } else {
+            ttl_ms.min(self.settings.max_reserve_ttl_ms)
+        };
+        // A decision waits at most the cold wait; a pending mark outliving that by far was lost.
+        let give_up = now.saturating_add(millis_to_nanos(
+            self.enforcer.settings().cold_wait_ms.saturating_mul(4) + 10_000,
+        ));
+        match self.inflight.begin_reserve(id, now, give_up)? {
+            Begin::Existing(r, left) => {
+                return Ok(Reserved {
+                    reservation_id: id.to_string(),
+                    verdict: r.answer.clone(),
+                    expires_in: left,
+                })
+            }
+            Begin::New => {}
+        }
+        // Clears the pending mark unless the reservation is admitted (also when this future is
+        // dropped mid-decision: then nothing was spent after the last await either).
+        struct Pending<'g> {
+            inflight: &'g InFlight<Arc<Verdict>>,
+            id: &'g str,
+            armed: bool,
+        }
+        impl Drop for Pending<'_> {
+            fn drop(&mut self) {
+                if self.armed {
+                    self.inflight.abandon(self.id);
+                }
+            }
+        }
+        let mut pending = Pending {
+            inflight: &self.inflight,
+            id,
+            armed: true,
+        };
+        let mut permits = Vec::new();
+        let verdict = Arc::new(self.decide(req, &mut permits, true).await?);
+        if !verdict.is_ok() {
+            return Ok(Reserved {
+                reservation_id: String::new(),
+                verdict,
+                expires_in: 0,
+            });
+        }
+        let spent = verdict
+            .statuses
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                if s.limit.is_some() && s.reason == Reason::WithinLimit {
+                    req.cost_tokens(i)
+                } else {
+                    0
+                }
+            })
+            .collect();
+        let spent_at = self.enforcer.clock().now();
+        let expires_in = millis_to_nanos(ttl);
+        self.inflight.admit(
+            id,
+            Arc::new(Reservation {
+                request: OwnedRequest::from_request(req),
+                spent,
+                spent_at,
+                answer: verdict.clone(),
+            }),
+            permits,
+            spent_at.saturating_add(expires_in),
+        );
+        pending.armed = false;
+        Ok(Reserved {
+            reservation_id: id.to_string(),
+            verdict,
+            expires_in,
+        })
+    }
+
+    /// Settles reservation `id` at `actual_cost` tokens: refunds `max − actual` to each
+    /// descriptor that spent (never lifting a bucket above capacity) and frees its slots.
+    /// Idempotent: a repeat answers as the first settlement did and refunds nothing.
+    ///
+    /// # Errors
+    /// [`InFlightError::NotFound`](crate::inflight::InFlightError::NotFound), [`InFlightError::Expired`](crate::inflight::InFlightError::Expired) (its cost stays spent),
+    /// [`InFlightError::InProgress`](crate::inflight::InFlightError::InProgress), [`InFlightError::NotAReservation`](crate::inflight::InFlightError::NotAReservation).
+    pub fn settle(&self, id: &str, actual_cost: u64) -> Result<Settled, ApiError> {
+        let now = self.enforcer.clock().now();
+        let s = self.inflight.settle(id, actual_cost, now)?;
+        if !s.repeated && s.unused.iter().any(|u| *u > 0) {
+            let r = &s.reservation;
+            // The request was valid when reserved; the only way it fails now is a config change
+            // that removed its domain, and then there is no limit left to refund into.
+            if let Err(e) = r.request.with_request(|req| {
+                let unused = refund::settle_charges(&self.enforcer, &r.answer, req, &s.unused, now);
+                self.enforcer.refund(req, &unused, r.spent_at)
+            }) {
+                tracing::debug!(reservation = id, error = %e, "nothing to refund into");
+            }
+        }
+        Ok(Settled {
+            refunded: s.refunded,
+            actual_cost: s.actual,
+            already_settled: s.repeated,
+        })
+    }
+
+    /// The request `id` finished: frees its concurrency slots; returns how many. Idempotent.
+    pub fn done(&self, id: &str) -> u64 {
+        self.inflight.done(id)
+    }
+
+    /// Expires abandoned reservations and forgotten slots, forgets old tombstones and idle slot
+    /// limiters. Run periodically (see [`crate::server::spawn_sweeper`]).
+    pub fn sweep(&self) {
+        self.inflight.sweep(self.enforcer.clock().now());
+        self.enforcer.slots().sweep();
+    }
+}

@@ -1,0 +1,89 @@
+//! Descriptors as the wire formats carry them, borrowed as the decision core's (no copies).
+
+use super::ApiError;
+use allot_common::descriptor::{
+    Descriptor, Entry, RequestError, MAX_COST_TOKENS, MAX_DESCRIPTORS, MAX_ENTRIES,
+};
+
+/// A descriptor as a wire format carries it; implemented by each adapter's message type.
+pub trait WireDescriptor {
+    /// The entry type.
+    type Entry: WireEntry;
+    /// Entries, outermost first.
+    fn entries(&self) -> &[Self::Entry];
+    /// Its own cost, tokens, when given.
+    fn hits_addend(&self) -> Option<u64>;
+}
+
+/// A descriptor entry as a wire format carries it.
+pub trait WireEntry {
+    /// Key.
+    fn key(&self) -> &str;
+    /// Value.
+    fn value(&self) -> &str;
+}
+
+/// Borrows the entries of `descs` as the decision core's [`Entry`]s (no string is copied).
+/// Counts are checked here, before anything is collected, so an oversized request costs no
+/// more than its own decoding.
+///
+/// # Errors
+/// [`RequestError::TooManyDescriptors`] or [`RequestError::TooManyEntries`].
+pub fn borrow_entries<D: WireDescriptor>(descs: &[D]) -> Result<Vec<Entry<'_>>, RequestError> {
+    if descs.len() > MAX_DESCRIPTORS {
+        return Err(RequestError::TooManyDescriptors {
+            got: descs.len(),
+            max: MAX_DESCRIPTORS,
+        });
+    }
+    let mut total = 0;
+    for (i, d) in descs.iter().enumerate() {
+        if d.entries().len() > MAX_ENTRIES {
+            return Err(RequestError::TooManyEntries {
+                descriptor: i,
+                got: d.entries().len(),
+                max: MAX_ENTRIES,
+            });
+        }
+        total += d.entries().len();
+    }
+    let mut out = Vec::with_capacity(total);
+    for d in descs {
+        out.extend(d.entries().iter().map(|e| Entry {
+            key: e.key(),
+            value: e.value(),
+        }));
+    }
+    Ok(out)
+}
+
+/// The decision core's descriptors over `entries` (from [`borrow_entries`] of the same `descs`).
+pub fn borrow_descriptors<'a, D: WireDescriptor>(
+    descs: &[D],
+    entries: &'a [Entry<'a>],
+) -> Vec<Descriptor<'a>> {
+    let mut out = Vec::with_capacity(descs.len());
+    let mut at = 0;
+    for d in descs {
+        let n = d.entries().len();
+        out.push(Descriptor {
+            entries: &entries[at..at + n],
+            hits_addend: d.hits_addend(),
+        });
+        at += n;
+    }
+    out
+}
+
+/// A request-level cost from a wire field where 0 means 1.
+///
+/// # Errors
+/// [`ApiError::Malformed`] when it exceeds `u32` (Envoy's `hits_addend` range).
+pub fn request_cost(field: &str, cost: u64) -> Result<Option<u64>, ApiError> {
+    if cost > MAX_COST_TOKENS {
+        return Err(ApiError::Malformed(format!(
+            "{field} is {cost}; at most {MAX_COST_TOKENS} is accepted"
+        )));
+    }
+    Ok((cost > 0).then_some(cost))
+}
