@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
+use tokio::task::JoinHandle;
 
 /// Command line; every flag overrides the settings file.
 #[derive(Debug, Parser)]
@@ -63,63 +64,86 @@ fn main() -> Result<()> {
         .block_on(run(cli))
 }
 
-async fn run(cli: Cli) -> Result<()> {
-    let file = match &cli.config {
-        Some(p) => AgentFile::load(p)?,
-        None => AgentFile::default(),
-    };
-    let agent_id = cli
-        .agent_id
-        .or(file.agent_id.clone())
-        .or_else(|| std::env::var("HOSTNAME").ok().filter(|h| !h.is_empty()))
-        .unwrap_or_else(|| "agent".to_string());
-    let region = cli
-        .region
-        .or(file.region.clone())
-        .unwrap_or_else(|| "default".to_string());
-    let allocators = if cli.allocators.is_empty() {
-        file.allocators.clone()
-    } else {
-        cli.allocators
-    };
-    let Some(policy_path) = cli.policies.or(file.policies.clone()) else {
-        bail!(
-            "no policies given: pass --policies FILE_OR_DIR or set `policies` in the settings file"
-        );
-    };
-    let policies = ConfigSet::load(&policy_path)
-        .with_context(|| format!("loading policies from {}", policy_path.display()))?;
-    let grpc_addr = cli
-        .grpc_listen
-        .or(file.listen.grpc.clone())
-        .unwrap_or_else(|| "127.0.0.1:8081".to_string());
-    let http_addr = cli
-        .http_listen
-        .or(file.listen.http.clone())
-        .unwrap_or_else(|| "127.0.0.1:8080".to_string());
+/// What the command line and the settings file resolve to (a flag wins over the file).
+struct Resolved {
+    file: AgentFile,
+    agent_id: String,
+    region: String,
+    allocators: Vec<String>,
+    policy_path: PathBuf,
+    grpc_addr: String,
+    http_addr: String,
+    ready_file: Option<PathBuf>,
+}
 
-    let lease = file.lease_settings(&agent_id, &region);
+impl Resolved {
+    /// Reads the settings file (if any) and applies the flags over it.
+    ///
+    /// # Errors
+    /// An unreadable settings file, or no policies given.
+    fn of(cli: Cli) -> Result<Self> {
+        let file = match &cli.config {
+            Some(p) => AgentFile::load(p)?,
+            None => AgentFile::default(),
+        };
+        let Some(policy_path) = cli.policies.or(file.policies.clone()) else {
+            bail!(
+                "no policies given: pass --policies FILE_OR_DIR or set `policies` in the settings \
+                 file"
+            );
+        };
+        Ok(Resolved {
+            agent_id: cli
+                .agent_id
+                .or(file.agent_id.clone())
+                .or_else(|| std::env::var("HOSTNAME").ok().filter(|h| !h.is_empty()))
+                .unwrap_or_else(|| "agent".to_string()),
+            region: cli
+                .region
+                .or(file.region.clone())
+                .unwrap_or_else(|| "default".to_string()),
+            allocators: if cli.allocators.is_empty() {
+                file.allocators.clone()
+            } else {
+                cli.allocators
+            },
+            policy_path,
+            grpc_addr: cli
+                .grpc_listen
+                .or(file.listen.grpc.clone())
+                .unwrap_or_else(|| "127.0.0.1:8081".to_string()),
+            http_addr: cli
+                .http_listen
+                .or(file.listen.http.clone())
+                .unwrap_or_else(|| "127.0.0.1:8080".to_string()),
+            ready_file: cli.ready_file,
+            file,
+        })
+    }
+}
+
+async fn run(cli: Cli) -> Result<()> {
+    let r = Resolved::of(cli)?;
+    let policies = ConfigSet::load(&r.policy_path)
+        .with_context(|| format!("loading policies from {}", r.policy_path.display()))?;
+    let lease = r.file.lease_settings(&r.agent_id, &r.region);
     let mut agent = Agent::build(
         policies,
         lease,
-        file.gateway_settings(),
-        &allocators,
+        r.file.gateway_settings(),
+        &r.allocators,
         Arc::new(MonotonicClock::new()),
     )?;
-    let grpc = TcpListener::bind(&grpc_addr)
-        .await
-        .with_context(|| format!("cannot listen on {grpc_addr} (gRPC)"))?;
-    let http = TcpListener::bind(&http_addr)
-        .await
-        .with_context(|| format!("cannot listen on {http_addr} (HTTP)"))?;
+    let grpc = bind(&r.grpc_addr, "gRPC").await?;
+    let http = bind(&r.http_addr, "HTTP").await?;
     let (grpc_bound, http_bound) = (grpc.local_addr()?, http.local_addr()?);
     tracing::info!(
-        agent_id,
-        region,
+        agent_id = r.agent_id,
+        region = r.region,
         grpc = %grpc_bound,
         http = %http_bound,
-        allocators = ?allocators,
-        policies = %policy_path.display(),
+        allocators = ?r.allocators,
+        policies = %r.policy_path.display(),
         "allot-agent listening"
     );
 
@@ -130,7 +154,7 @@ async fn run(cli: Cli) -> Result<()> {
     let background = agent.spawn_background(background_shutdown);
     let grpc_task = tokio::spawn(serve_grpc(grpc, agent.gateway.clone(), serving.clone()));
     let http_task = tokio::spawn(serve_http(http, agent.gateway.clone(), serving));
-    if let Some(path) = &cli.ready_file {
+    if let Some(path) = &r.ready_file {
         // Both listeners are bound (connections queue until the servers accept them).
         write_ready_file(path, &format!("grpc {grpc_bound}\nhttp {http_bound}\n"))
             .with_context(|| format!("cannot write the ready file {}", path.display()))?;
@@ -139,16 +163,8 @@ async fn run(cli: Cli) -> Result<()> {
     wait_for_signal().await?;
     tracing::info!("shutting down: draining requests");
     let _ = stop_serving.send(true);
-    match tokio::time::timeout(Duration::from_secs(5), grpc_task).await {
-        Ok(Ok(Err(e))) => tracing::warn!(error = %e, "gRPC server stopped with an error"),
-        Err(_) => tracing::warn!("gRPC server did not stop in time"),
-        _ => {}
-    }
-    match tokio::time::timeout(Duration::from_secs(5), http_task).await {
-        Ok(Ok(Err(e))) => tracing::warn!(error = %e, "HTTP server stopped with an error"),
-        Err(_) => tracing::warn!("HTTP server did not stop in time"),
-        _ => {}
-    }
+    drained("gRPC", grpc_task).await;
+    drained("HTTP", http_task).await;
     tracing::info!("releasing allocations");
     let _ = stop_background.send(true);
     // Allocations are closed, then released; bounded so a dead allocator cannot hold us forever
@@ -162,6 +178,22 @@ async fn run(cli: Cli) -> Result<()> {
     }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Binds the `what` listener (gRPC or HTTP) at `addr`.
+async fn bind(addr: &str, what: &str) -> Result<TcpListener> {
+    TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr} ({what})"))
+}
+
+/// Waits (at most 5 s) for the `what` server to stop after the stop signal, logging how it did.
+async fn drained<E: std::fmt::Display>(what: &str, task: JoinHandle<Result<(), E>>) {
+    match tokio::time::timeout(Duration::from_secs(5), task).await {
+        Ok(Ok(Err(e))) => tracing::warn!(error = %e, "{what} server stopped with an error"),
+        Err(_) => tracing::warn!("{what} server did not stop in time"),
+        _ => {}
+    }
 }
 
 /// Writes `text` to `path` through a temporary file and a rename: a reader polling for the file

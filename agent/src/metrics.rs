@@ -5,11 +5,12 @@
 //! when `/metrics` is scraped. Labels are bounded: policy names come from the config, RPC kinds
 //! and codes are fixed sets — never a descriptor value.
 
+use crate::lease::book::LeaseCounters;
 use crate::lease::LeaseBook;
 use allot_common::limiter::{Code, DescriptorStatus, Outcome, Snapshot};
 use allot_common::units::{Nanos, MICROS_PER_TOKEN, NANOS_PER_SEC};
 use arc_swap::ArcSwap;
-use opentelemetry::metrics::{Histogram, MeterProvider};
+use opentelemetry::metrics::{Histogram, Meter, MeterProvider};
 use opentelemetry::KeyValue;
 use opentelemetry_sdk::metrics::SdkMeterProvider;
 use parking_lot::Mutex;
@@ -95,155 +96,10 @@ impl Metrics {
         let by_name: Arc<Mutex<HashMap<String, Arc<PolicyCounters>>>> = Arc::default();
         let requests = Arc::new(RequestCounters::default());
 
-        let names = by_name.clone();
-        meter
-            .u64_observable_counter("allot_agent_policy_decisions")
-            .with_description(
-                "Decisions per policy (rule name): allowed, denied, or shadow_denied (a shadow-mode \
-                 rule would have denied)",
-            )
-            .with_callback(move |o| {
-                for (name, c) in names.lock().iter() {
-                    for (outcome, v) in [
-                        ("allowed", &c.allowed),
-                        ("denied", &c.denied),
-                        ("shadow_denied", &c.shadow_denied),
-                    ] {
-                        o.observe(
-                            v.load(Ordering::Relaxed),
-                            &[
-                                KeyValue::new("policy", name.clone()),
-                                KeyValue::new("outcome", outcome),
-                            ],
-                        );
-                    }
-                }
-            })
-            .build();
-        let req = requests.clone();
-        meter
-            .u64_observable_counter("allot_agent_requests")
-            .with_description("Requests answered, by code: ok, over_limit, invalid (nothing spent)")
-            .with_callback(move |o| {
-                for (code, v) in [
-                    ("ok", &req.ok),
-                    ("over_limit", &req.over_limit),
-                    ("invalid", &req.invalid),
-                ] {
-                    o.observe(v.load(Ordering::Relaxed), &[KeyValue::new("code", code)]);
-                }
-            })
-            .build();
-        let b = book.clone();
-        meter
-            .u64_observable_counter("allot_agent_cold_waits")
-            .with_description("Decisions that waited for a cold key's first allocation")
-            .with_callback(move |o| o.observe(b.counters.cold_waits.load(Ordering::Relaxed), &[]))
-            .build();
-        let b = book.clone();
-        meter
-            .u64_observable_counter("allot_agent_allocator_rpcs")
-            .with_description(
-                "Allocator work items sent, by kind (they travel in Batch calls, or one per call \
-                 to an allocator without Batch)",
-            )
-            .with_callback(move |o| {
-                let c = &b.counters;
-                for (kind, v) in [
-                    ("acquire", &c.acquires),
-                    ("report", &c.reports),
-                    ("release", &c.releases),
-                    ("decide", &c.decides),
-                ] {
-                    o.observe(v.load(Ordering::Relaxed), &[KeyValue::new("kind", kind)]);
-                }
-            })
-            .build();
-        let b = book.clone();
-        meter
-            .u64_observable_counter("allot_agent_allocator_calls")
-            .with_description("Allocator calls sent: one Batch, or one single call of the fallback")
-            .with_callback(move |o| o.observe(b.counters.calls.load(Ordering::Relaxed), &[]))
-            .build();
-        let b = book.clone();
-        meter
-            .u64_observable_counter("allot_agent_central_admits")
-            .with_description("Decisions admitted by the allocator's central decision (Decide)")
-            .with_callback(move |o| {
-                o.observe(b.counters.central_admits.load(Ordering::Relaxed), &[])
-            })
-            .build();
-        let b = book.clone();
-        meter
-            .u64_observable_counter("allot_agent_key_moves")
-            .with_description(
-                "Keys moved between central decisions and leases: to=leased (promoted) or \
-                 to=central (demoted)",
-            )
-            .with_callback(move |o| {
-                let c = &b.counters;
-                for (to, v) in [("leased", &c.promotions), ("central", &c.demotions)] {
-                    o.observe(v.load(Ordering::Relaxed), &[KeyValue::new("to", to)]);
-                }
-            })
-            .build();
-        let b = book.clone();
-        meter
-            .u64_observable_counter("allot_agent_allocator_rpc_errors")
-            .with_description("Allocator RPCs that failed (timeout, unavailable)")
-            .with_callback(move |o| o.observe(b.counters.rpc_errors.load(Ordering::Relaxed), &[]))
-            .build();
-        let b = book.clone();
-        meter
-            .u64_observable_counter("allot_agent_emergency_admits")
-            .with_description(
-                "Decisions admitted from an emergency bucket while the allocator was unreachable",
-            )
-            .with_callback(move |o| {
-                o.observe(b.counters.emergency_admits.load(Ordering::Relaxed), &[])
-            })
-            .build();
-        let b = book.clone();
-        meter
-            .u64_observable_counter("allot_agent_lease_key_refusals")
-            .with_description(
-                "New leased keys refused because their rule holds max_keys keys, none idle",
-            )
-            .with_callback(move |o| o.observe(b.counters.key_refusals.load(Ordering::Relaxed), &[]))
-            .build();
-        let b = book.clone();
-        meter
-            .u64_observable_counter("allot_agent_failure_denials")
-            .with_description(
-                "Decisions denied because the allocator was unreachable (failure mode deny)",
-            )
-            .with_callback(move |o| {
-                o.observe(b.counters.failure_denials.load(Ordering::Relaxed), &[])
-            })
-            .build();
-        let b = book.clone();
-        meter
-            .f64_observable_gauge("allot_agent_overshoot_bound_tokens")
-            .with_description(
-                "Most this agent can have admitted beyond what the allocator knows: \
-                 Σ(granted − reported) over held allocations plus emergency admissions, tokens",
-            )
-            .with_callback(move |o| {
-                o.observe(b.overshoot_bound() as f64 / MICROS_PER_TOKEN as f64, &[])
-            })
-            .build();
-        let b = book.clone();
-        meter
-            .u64_observable_gauge("allot_agent_allocations_held")
-            .with_description("Allocations this agent holds now")
-            .with_callback(move |o| o.observe(allocations_held(&b), &[]))
-            .build();
-        let b = book.clone();
-        meter
-            .u64_observable_gauge("allot_agent_allocator_reachable")
-            .with_description("1 when the last allocator call succeeded, else 0")
-            .with_callback(move |o| o.observe(u64::from(b.is_reachable()), &[]))
-            .build();
+        register_policy_decisions(&meter, by_name.clone());
+        register_requests(&meter, requests.clone());
+        register_lease_counters(&meter, &book);
+        register_lease_gauges(&meter, &book);
         let latency = meter
             .f64_histogram("allot_agent_decision_latency")
             .with_unit("s")
@@ -401,6 +257,190 @@ impl WaitHistogram {
         let _ = writeln!(out, "{name}_sum {sum}");
         let _ = writeln!(out, "{name}_count {count}");
     }
+}
+
+/// Reads one lease counter.
+type LeaseCounter = fn(&LeaseCounters) -> &AtomicU64;
+
+/// The lease counters exported alone: (name, description, counter).
+const LEASE_COUNTERS: &[(&str, &str, LeaseCounter)] = &[
+    (
+        "allot_agent_cold_waits",
+        "Decisions that waited for a cold key's first allocation",
+        |c| &c.cold_waits,
+    ),
+    (
+        "allot_agent_allocator_calls",
+        "Allocator calls sent: one Batch, or one single call of the fallback",
+        |c| &c.calls,
+    ),
+    (
+        "allot_agent_central_admits",
+        "Decisions admitted by the allocator's central decision (Decide)",
+        |c| &c.central_admits,
+    ),
+    (
+        "allot_agent_allocator_rpc_errors",
+        "Allocator RPCs that failed (timeout, unavailable)",
+        |c| &c.rpc_errors,
+    ),
+    (
+        "allot_agent_emergency_admits",
+        "Decisions admitted from an emergency bucket while the allocator was unreachable",
+        |c| &c.emergency_admits,
+    ),
+    (
+        "allot_agent_lease_key_refusals",
+        "New leased keys refused because their rule holds max_keys keys, none idle",
+        |c| &c.key_refusals,
+    ),
+    (
+        "allot_agent_failure_denials",
+        "Decisions denied because the allocator was unreachable (failure mode deny)",
+        |c| &c.failure_denials,
+    ),
+];
+
+/// Allocator work items sent, by `kind`.
+const ALLOCATOR_RPCS: &[(&str, LeaseCounter)] = &[
+    ("acquire", |c| &c.acquires),
+    ("report", |c| &c.reports),
+    ("release", |c| &c.releases),
+    ("decide", |c| &c.decides),
+];
+
+/// Keys moved between central decisions and leases, by destination (`to`).
+const KEY_MOVES: &[(&str, LeaseCounter)] =
+    &[("leased", |c| &c.promotions), ("central", |c| &c.demotions)];
+
+/// `allot_agent_policy_decisions`: per policy name and outcome, read from `names` when scraped.
+fn register_policy_decisions(
+    meter: &Meter,
+    names: Arc<Mutex<HashMap<String, Arc<PolicyCounters>>>>,
+) {
+    meter
+        .u64_observable_counter("allot_agent_policy_decisions")
+        .with_description(
+            "Decisions per policy (rule name): allowed, denied, or shadow_denied (a shadow-mode \
+             rule would have denied)",
+        )
+        .with_callback(move |o| {
+            for (name, c) in names.lock().iter() {
+                for (outcome, v) in [
+                    ("allowed", &c.allowed),
+                    ("denied", &c.denied),
+                    ("shadow_denied", &c.shadow_denied),
+                ] {
+                    o.observe(
+                        v.load(Ordering::Relaxed),
+                        &[
+                            KeyValue::new("policy", name.clone()),
+                            KeyValue::new("outcome", outcome),
+                        ],
+                    );
+                }
+            }
+        })
+        .build();
+}
+
+/// `allot_agent_requests`: requests answered, by code.
+fn register_requests(meter: &Meter, req: Arc<RequestCounters>) {
+    meter
+        .u64_observable_counter("allot_agent_requests")
+        .with_description("Requests answered, by code: ok, over_limit, invalid (nothing spent)")
+        .with_callback(move |o| {
+            for (code, v) in [
+                ("ok", &req.ok),
+                ("over_limit", &req.over_limit),
+                ("invalid", &req.invalid),
+            ] {
+                o.observe(v.load(Ordering::Relaxed), &[KeyValue::new("code", code)]);
+            }
+        })
+        .build();
+}
+
+/// The lease path's counters ([`LeaseCounters`]): those exported alone, and the two labelled
+/// families (allocator work by kind, key moves by destination).
+fn register_lease_counters(meter: &Meter, book: &Arc<LeaseBook>) {
+    for &(name, description, counter) in LEASE_COUNTERS {
+        let b = book.clone();
+        meter
+            .u64_observable_counter(name)
+            .with_description(description)
+            .with_callback(move |o| o.observe(counter(&b.counters).load(Ordering::Relaxed), &[]))
+            .build();
+    }
+    register_labelled(
+        meter,
+        book,
+        "allot_agent_allocator_rpcs",
+        "Allocator work items sent, by kind (they travel in Batch calls, or one per call to an \
+         allocator without Batch)",
+        "kind",
+        ALLOCATOR_RPCS,
+    );
+    register_labelled(
+        meter,
+        book,
+        "allot_agent_key_moves",
+        "Keys moved between central decisions and leases: to=leased (promoted) or to=central \
+         (demoted)",
+        "to",
+        KEY_MOVES,
+    );
+}
+
+/// One counter family over lease counters, one series per `label` value.
+fn register_labelled(
+    meter: &Meter,
+    book: &Arc<LeaseBook>,
+    name: &'static str,
+    description: &'static str,
+    label: &'static str,
+    series: &'static [(&'static str, LeaseCounter)],
+) {
+    let b = book.clone();
+    meter
+        .u64_observable_counter(name)
+        .with_description(description)
+        .with_callback(move |o| {
+            for &(value, counter) in series {
+                o.observe(
+                    counter(&b.counters).load(Ordering::Relaxed),
+                    &[KeyValue::new(label, value)],
+                );
+            }
+        })
+        .build();
+}
+
+/// Gauges of the book's state: the overshoot bound, allocations held, reachability.
+fn register_lease_gauges(meter: &Meter, book: &Arc<LeaseBook>) {
+    let b = book.clone();
+    meter
+        .f64_observable_gauge("allot_agent_overshoot_bound_tokens")
+        .with_description(
+            "Most this agent can have admitted beyond what the allocator knows: \
+             Σ(granted − reported) over held allocations plus emergency admissions, tokens",
+        )
+        .with_callback(move |o| {
+            o.observe(b.overshoot_bound() as f64 / MICROS_PER_TOKEN as f64, &[])
+        })
+        .build();
+    let b = book.clone();
+    meter
+        .u64_observable_gauge("allot_agent_allocations_held")
+        .with_description("Allocations this agent holds now")
+        .with_callback(move |o| o.observe(allocations_held(&b), &[]))
+        .build();
+    let b = book.clone();
+    meter
+        .u64_observable_gauge("allot_agent_allocator_reachable")
+        .with_description("1 when the last allocator call succeeded, else 0")
+        .with_callback(move |o| o.observe(u64::from(b.is_reachable()), &[]))
+        .build();
 }
 
 /// `ns` as decimal seconds, exact (integer part, then the nanoseconds without trailing zeros).

@@ -4,10 +4,12 @@ use super::{refund, ApiError, GatewaySettings, Reserved, Settled, Verdict};
 use crate::enforce::Enforcer;
 use crate::inflight::{Begin, InFlight, OwnedRequest, Reservation};
 use crate::metrics::Metrics;
+use allot_common::concurrency::Permit;
 use allot_common::config::ConfigSet;
 use allot_common::descriptor::Request;
 use allot_common::limiter::{Code, Reason};
-use allot_common::units::millis_to_nanos;
+use allot_common::units::{millis_to_nanos, Nanos};
+use std::borrow::Cow;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -70,7 +72,7 @@ impl Gateway {
     async fn decide(
         &self,
         req: &Request<'_>,
-        permits: &mut Vec<allot_common::concurrency::Permit>,
+        permits: &mut Vec<Permit>,
         record: bool,
     ) -> Result<Verdict, ApiError> {
         let started = Instant::now();
@@ -159,55 +161,16 @@ impl Gateway {
         request_id: Option<&str>,
         ttl_ms: u64,
     ) -> Result<Reserved, ApiError> {
-        let generated;
-        let id = match request_id.filter(|s| !s.is_empty()) {
-            Some(id) => id,
-            None => {
-                generated = format!(
-                    "{}-r{}",
-                    self.enforcer.settings().agent_id,
-                    self.seq.fetch_add(1, Ordering::Relaxed)
-                );
-                generated.as_str()
-            }
-        };
+        let id = self.reservation_id(request_id);
+        let id = id.as_ref();
         // Validate before tracking anything, so a bad request leaves no trace.
         req.validate().inspect_err(|_| self.metrics.invalid())?;
-        let now = self.enforcer.clock().now();
-        let ttl = if ttl_ms == 0 {
-            self.settings.default_reserve_ttl_ms
-        } else {
-            ttl_ms.min(self.settings.max_reserve_ttl_ms)
-        };
-        // A decision waits at most the cold wait; a pending mark outliving that by far was lost.
-        let give_up = now.saturating_add(millis_to_nanos(
-            self.enforcer.settings().cold_wait_ms.saturating_mul(4) + 10_000,
-        ));
-        match self.inflight.begin_reserve(id, now, give_up)? {
-            Begin::Existing(r, left) => {
-                return Ok(Reserved {
-                    reservation_id: id.to_string(),
-                    verdict: r.answer.clone(),
-                    expires_in: left,
-                })
-            }
-            Begin::New => {}
+        if let Some(existing) = self.begin_reserve(id)? {
+            return Ok(existing);
         }
         // Clears the pending mark unless the reservation is admitted (also when this future is
         // dropped mid-decision: then nothing was spent after the last await either).
-        struct Pending<'g> {
-            inflight: &'g InFlight<Arc<Verdict>>,
-            id: &'g str,
-            armed: bool,
-        }
-        impl Drop for Pending<'_> {
-            fn drop(&mut self) {
-                if self.armed {
-                    self.inflight.abandon(self.id);
-                }
-            }
-        }
-        let mut pending = Pending {
+        let pending = PendingMark {
             inflight: &self.inflight,
             id,
             armed: true,
@@ -221,37 +184,79 @@ impl Gateway {
                 expires_in: 0,
             });
         }
-        let spent = verdict
-            .statuses
-            .iter()
-            .enumerate()
-            .map(|(i, s)| {
-                if s.limit.is_some() && s.reason == Reason::WithinLimit {
-                    req.cost_tokens(i)
-                } else {
-                    0
-                }
-            })
-            .collect();
+        let expires_in = millis_to_nanos(self.reserve_ttl_ms(ttl_ms));
+        self.admit_reservation(id, req, &verdict, permits, expires_in);
+        pending.disarm();
+        Ok(Reserved {
+            reservation_id: id.to_string(),
+            verdict,
+            expires_in,
+        })
+    }
+
+    /// The caller's request id, or a fresh one (`<agent id>-r<n>`) when it gave none.
+    fn reservation_id<'r>(&self, request_id: Option<&'r str>) -> Cow<'r, str> {
+        match request_id.filter(|s| !s.is_empty()) {
+            Some(id) => Cow::Borrowed(id),
+            None => Cow::Owned(format!(
+                "{}-r{}",
+                self.enforcer.settings().agent_id,
+                self.seq.fetch_add(1, Ordering::Relaxed)
+            )),
+        }
+    }
+
+    /// A reservation's lifetime, ms: `ttl_ms`, the default when 0, capped at
+    /// `max_reserve_ttl_ms`.
+    fn reserve_ttl_ms(&self, ttl_ms: u64) -> u64 {
+        if ttl_ms == 0 {
+            self.settings.default_reserve_ttl_ms
+        } else {
+            ttl_ms.min(self.settings.max_reserve_ttl_ms)
+        }
+    }
+
+    /// Marks `id` pending (`None`: decide it now), or repeats its existing reservation.
+    ///
+    /// # Errors
+    /// As [`InFlight::begin_reserve`].
+    fn begin_reserve(&self, id: &str) -> Result<Option<Reserved>, ApiError> {
+        let now = self.enforcer.clock().now();
+        // A decision waits at most the cold wait; a pending mark outliving that by far was lost.
+        let give_up = now.saturating_add(millis_to_nanos(
+            self.enforcer.settings().cold_wait_ms.saturating_mul(4) + 10_000,
+        ));
+        Ok(match self.inflight.begin_reserve(id, now, give_up)? {
+            Begin::Existing(r, left) => Some(Reserved {
+                reservation_id: id.to_string(),
+                verdict: r.answer.clone(),
+                expires_in: left,
+            }),
+            Begin::New => None,
+        })
+    }
+
+    /// Tracks the admitted reservation `id` of `req` (with its held slots) for `expires_in` ns.
+    fn admit_reservation(
+        &self,
+        id: &str,
+        req: &Request<'_>,
+        verdict: &Arc<Verdict>,
+        permits: Vec<Permit>,
+        expires_in: Nanos,
+    ) {
         let spent_at = self.enforcer.clock().now();
-        let expires_in = millis_to_nanos(ttl);
         self.inflight.admit(
             id,
             Arc::new(Reservation {
                 request: OwnedRequest::from_request(req),
-                spent,
+                spent: spent_tokens(verdict, req),
                 spent_at,
                 answer: verdict.clone(),
             }),
             permits,
             spent_at.saturating_add(expires_in),
         );
-        pending.armed = false;
-        Ok(Reserved {
-            reservation_id: id.to_string(),
-            verdict,
-            expires_in,
-        })
     }
 
     /// Settles reservation `id` at `actual_cost` tokens: refunds `max − actual` to each
@@ -292,5 +297,46 @@ impl Gateway {
     pub fn sweep(&self) {
         self.inflight.sweep(self.enforcer.clock().now());
         self.enforcer.slots().sweep();
+    }
+}
+
+/// Tokens a reservation spent per descriptor: its cost where a limit admitted it, else 0 (no
+/// limit, or a shadow denial).
+fn spent_tokens(verdict: &Verdict, req: &Request<'_>) -> Vec<u64> {
+    verdict
+        .statuses
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            if s.limit.is_some() && s.reason == Reason::WithinLimit {
+                req.cost_tokens(i)
+            } else {
+                0
+            }
+        })
+        .collect()
+}
+
+/// A reservation's pending mark, cleared on drop unless disarmed (the reservation was admitted):
+/// also when the reserving future is dropped mid-decision, when nothing was spent after its
+/// last await either.
+struct PendingMark<'g> {
+    inflight: &'g InFlight<Arc<Verdict>>,
+    id: &'g str,
+    armed: bool,
+}
+
+impl PendingMark<'_> {
+    /// The reservation was admitted: keep its entry.
+    fn disarm(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for PendingMark<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.inflight.abandon(self.id);
+        }
     }
 }
