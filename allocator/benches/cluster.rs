@@ -29,7 +29,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use allot_allocator::daemon::{Daemon, DaemonConfig};
-use allot_allocator::raft::{GroupCommitConfig, NodeConfig, RaftTimings, SystemClock};
+use allot_allocator::raft::{GroupCommitConfig, NodeConfig, RaftTimings, SystemNodeClock};
 use allot_proto::allot::v1 as pb;
 use allot_proto::allot::v1::allocator_client::AllocatorClient;
 use hdrhistogram::Histogram;
@@ -140,7 +140,7 @@ impl Cluster {
                 tick_every: Duration::from_millis(250),
                 policies: Vec::new(),
             };
-            let d = Daemon::start_with(config, Arc::new(SystemClock), listener, commit.clone())
+            let d = Daemon::start_with(config, Arc::new(SystemNodeClock), listener, commit.clone())
                 .await
                 .expect("node starts");
             daemons.insert(id, d);

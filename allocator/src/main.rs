@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use allot_allocator::daemon::config_file::FileConfig;
 use allot_allocator::daemon::{load_policy_files, Daemon, DaemonConfig};
-use allot_allocator::raft::{NodeConfig, RaftTimings, SystemClock};
+use allot_allocator::raft::{NodeConfig, RaftTimings, SystemNodeClock};
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 use tracing_subscriber::EnvFilter;
@@ -263,7 +263,7 @@ async fn run() -> Result<()> {
         "starting"
     );
     let advertise = config.node.advertise_addr.clone();
-    let daemon = Daemon::start(config, Arc::new(SystemClock), listener).await?;
+    let daemon = Daemon::start(config, Arc::new(SystemNodeClock), listener).await?;
     if let Some(path) = &ready_file {
         // Written only now: the server accepts connections and the address is final.
         write_ready_file(path, &format!("grpc {advertise}\n"))

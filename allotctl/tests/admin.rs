@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use allot_allocator::daemon::{Daemon, DaemonConfig};
-use allot_allocator::raft::{NodeConfig, RaftTimings, SystemClock};
+use allot_allocator::raft::{NodeConfig, RaftTimings, SystemNodeClock};
 use allot_proto::allot::v1 as pb;
 use allot_proto::allot::v1::allocator_client::AllocatorClient;
 use tokio::net::TcpListener;
@@ -78,7 +78,7 @@ async fn admin_commands_drive_a_cluster() {
             policies: Vec::new(),
         };
         daemons.push(
-            Daemon::start(config, Arc::new(SystemClock), l)
+            Daemon::start(config, Arc::new(SystemNodeClock), l)
                 .await
                 .expect("node starts"),
         );

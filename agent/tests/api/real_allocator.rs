@@ -26,8 +26,8 @@ use allot_agent::server::{serve_grpc, Agent};
 use allot_allocator::daemon::{Daemon, DaemonConfig, PolicyFile};
 use allot_allocator::ledger::{AllocationState, Ledger, PolicyKey};
 use allot_allocator::raft::{
-    Clock as AllocatorClock, ManualClock as AllocatorManualClock, NodeConfig, RaftTimings,
-    SystemClock,
+    ManualNodeClock as AllocatorManualClock, NodeClock as AllocatorClock, NodeConfig, RaftTimings,
+    SystemNodeClock,
 };
 use allot_common::clock::{Clock, ManualClock, MonotonicClock};
 use allot_common::config::ConfigSet;
@@ -572,7 +572,7 @@ fn hammer(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_regions_share_one_global_budget() {
-    let mut nodes = Allocators::start(1, &[("shared", SHARED)], Arc::new(SystemClock)).await;
+    let mut nodes = Allocators::start(1, &[("shared", SHARED)], Arc::new(SystemNodeClock)).await;
     let real = || Arc::new(MonotonicClock::new()) as Arc<dyn Clock>;
     let tune = |s: &mut LeaseSettings| s.error_backoff_ms = 100;
     let eu = RealAgent::start(SHARED, "gw-eu", "eu", &[nodes.addr(1)], real(), tune);
@@ -694,7 +694,7 @@ descriptors:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_nodes_leader_stopped_failure_modes_then_recovery() {
-    let mut nodes = Allocators::start(3, &[("fo", FAILOVER)], Arc::new(SystemClock)).await;
+    let mut nodes = Allocators::start(3, &[("fo", FAILOVER)], Arc::new(SystemNodeClock)).await;
     let leader = nodes.leader().await;
     // Agent A knows only the leader, on a manual clock (its numbers are exact); agent B, in
     // another region, knows every node and runs on the real clock.
@@ -756,7 +756,7 @@ async fn three_nodes_leader_stopped_failure_modes_then_recovery() {
 
     // Stop the leader mid-run.
     nodes.stop(leader).await;
-    let stopped_at_ms = SystemClock.now_ms();
+    let stopped_at_ms = SystemNodeClock.now_ms();
     // 10 granted − 3 reported on each key: what A may have admitted beyond the allocator's view.
     assert_eq!(a.book().overshoot_bound(), 14 * T);
 
@@ -1021,7 +1021,7 @@ descriptors:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_agents_of_one_region_spend_the_last_token() {
-    let mut nodes = Allocators::start(1, &[("odd", ODD)], Arc::new(SystemClock)).await;
+    let mut nodes = Allocators::start(1, &[("odd", ODD)], Arc::new(SystemNodeClock)).await;
     let real = || Arc::new(MonotonicClock::new()) as Arc<dyn Clock>;
     let tune = |s: &mut LeaseSettings| s.error_backoff_ms = 100;
     let one = RealAgent::start(ODD, "gw-1", "eu", &[nodes.addr(1)], real(), tune);

@@ -16,7 +16,7 @@ use tokio::task::JoinHandle;
 
 use crate::ledger::Ledger;
 use crate::raft::{
-    Clock, GroupCommit, GroupCommitConfig, LazyTcpChannels, Node, NodeConfig, NodeError, NodeId,
+    GroupCommit, GroupCommitConfig, LazyTcpChannels, Node, NodeClock, NodeConfig, NodeError, NodeId,
 };
 use crate::service::AllocatorService;
 pub use policy_files::{load_policy_files, PolicyFile, PolicyFilesError};
@@ -66,7 +66,7 @@ impl Daemon {
     /// tick period is zero; [`DaemonError::Node`] when storage, Raft or the server fail.
     pub async fn start(
         config: DaemonConfig,
-        clock: Arc<dyn Clock>,
+        clock: Arc<dyn NodeClock>,
         listener: TcpListener,
     ) -> Result<Self, DaemonError> {
         Self::start_with(config, clock, listener, Some(GroupCommitConfig::default())).await
@@ -79,7 +79,7 @@ impl Daemon {
     /// As [`Daemon::start`].
     pub async fn start_with(
         config: DaemonConfig,
-        clock: Arc<dyn Clock>,
+        clock: Arc<dyn NodeClock>,
         listener: TcpListener,
         group_commit: Option<GroupCommitConfig>,
     ) -> Result<Self, DaemonError> {

@@ -38,7 +38,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use super::clock::Clock;
+use super::node_clock::NodeClock;
 
 /// Nanoseconds per millisecond.
 const NANOS_PER_MS: u64 = 1_000_000;
@@ -103,7 +103,7 @@ struct Known {
 /// One node's view of ledger time: fed by its state machine as it applies stamps, read by its
 /// proposers. Cheap to share (`Arc`); every method takes a short internal lock.
 pub struct LedgerTime {
-    clock: Arc<dyn Clock>,
+    clock: Arc<dyn NodeClock>,
     known: Mutex<Known>,
 }
 
@@ -117,7 +117,7 @@ impl std::fmt::Debug for LedgerTime {
 
 impl LedgerTime {
     /// A view with nothing applied yet, reading `clock`.
-    pub fn new(clock: Arc<dyn Clock>) -> Self {
+    pub fn new(clock: Arc<dyn NodeClock>) -> Self {
         Self {
             clock,
             known: Mutex::new(Known::default()),
@@ -125,7 +125,7 @@ impl LedgerTime {
     }
 
     /// The clock this view reads.
-    pub fn clock(&self) -> &Arc<dyn Clock> {
+    pub fn clock(&self) -> &Arc<dyn NodeClock> {
         &self.clock
     }
 
@@ -189,7 +189,7 @@ fn signed_diff(a: u64, b: u64) -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::raft::ManualClock;
+    use crate::raft::ManualNodeClock;
 
     const MS: u64 = NANOS_PER_MS;
 
@@ -262,7 +262,7 @@ mod tests {
         // the ledger's time now. A node with a correct clock must not freeze ledger time until
         // its own wall clock catches up a day later: it advances by what it measures.
         let day = 86_400_000;
-        let clock = ManualClock::with_monotonic(50_000, 0);
+        let clock = ManualNodeClock::with_monotonic(50_000, 0);
         let time = LedgerTime::new(Arc::new(clock.clone()));
         time.applied(50_000 + day);
         clock.advance(300);
@@ -335,7 +335,7 @@ mod tests {
 
     #[test]
     fn a_node_stamps_from_what_it_applied_and_measures_its_skew() {
-        let clock = ManualClock::with_monotonic(50_000, 7 * MS);
+        let clock = ManualNodeClock::with_monotonic(50_000, 7 * MS);
         let time = LedgerTime::new(Arc::new(clock.clone()));
         assert_eq!(
             (time.stamp(), time.now_ms(), time.skew_ms()),

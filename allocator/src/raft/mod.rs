@@ -18,7 +18,6 @@
 //!   without the ledger.
 
 pub mod app;
-pub mod clock;
 mod codec;
 pub mod group_commit;
 mod ledger_app;
@@ -27,6 +26,7 @@ pub mod log_store;
 pub mod network_in;
 pub mod network_out;
 pub mod node;
+pub mod node_clock;
 pub mod skew;
 pub mod state_machine;
 #[cfg(any(test, feature = "testing"))]
@@ -34,13 +34,13 @@ pub mod test_app;
 pub mod types;
 
 pub use app::{App, AppError};
-pub use clock::{Clock, ManualClock, SystemClock};
 pub use group_commit::{Batching, CommitError, FlushHold, GroupCommit, GroupCommitConfig};
 pub use ledger_time::LedgerTime;
 pub use log_store::SledLogStore;
 pub use network_in::RaftServiceHandler;
 pub use network_out::{ChannelFactory, GrpcNetworkFactory, LazyTcpChannels};
 pub use node::{open_db, AlreadyServing, ClientError, Node, NodeConfig, NodeError, RaftTimings};
+pub use node_clock::{ManualNodeClock, NodeClock, SystemNodeClock};
 pub use skew::{SkewCheck, SkewStatus};
 pub use state_machine::{SledStateMachine, StateMachineHandle};
 pub use types::{AllotRaft, NodeId, Stamped};

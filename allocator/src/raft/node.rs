@@ -21,12 +21,12 @@ use tonic::service::Routes;
 use tonic::transport::server::Connected;
 
 use super::app::App;
-use super::clock::Clock;
 use super::group_commit::{Batching, GroupCommit, GroupCommitConfig};
 use super::ledger_time::LedgerTime;
 use super::log_store::SledLogStore;
 use super::network_in::RaftServiceHandler;
 use super::network_out::{ChannelFactory, GrpcNetworkFactory, LazyTcpChannels};
+use super::node_clock::NodeClock;
 use super::skew::{SkewCheck, SkewMonitor, SkewStatus};
 use super::state_machine::{SledStateMachine, StateMachineError, StateMachineHandle};
 use super::types::typ::Raft;
@@ -158,7 +158,7 @@ impl<A: App> Node<A> {
     /// See [`Node::start`].
     pub async fn start_tcp(
         config: NodeConfig,
-        clock: Arc<dyn Clock>,
+        clock: Arc<dyn NodeClock>,
         listener: TcpListener,
     ) -> Result<Self, NodeError> {
         let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
@@ -183,7 +183,7 @@ impl<A: App> Node<A> {
     /// [`NodeError::Config`] for bad timings, [`NodeError::Fatal`] when Raft cannot start.
     pub async fn start<I, IO, IE>(
         config: NodeConfig,
-        clock: Arc<dyn Clock>,
+        clock: Arc<dyn NodeClock>,
         channels: Arc<dyn ChannelFactory>,
         incoming: I,
     ) -> Result<Self, NodeError>
@@ -213,7 +213,7 @@ impl<A: App> Node<A> {
     /// As [`Node::start`].
     pub async fn open(
         config: NodeConfig,
-        clock: Arc<dyn Clock>,
+        clock: Arc<dyn NodeClock>,
         channels: Arc<dyn ChannelFactory>,
     ) -> Result<Self, NodeError> {
         let raft_config = Config {

@@ -126,11 +126,11 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::raft::ManualClock;
+    use crate::raft::ManualNodeClock;
 
     #[test]
     fn skew_beyond_the_drift_is_counted_every_time_and_warned_once_a_minute() {
-        let clock = ManualClock::with_monotonic(10_000, 0);
+        let clock = ManualNodeClock::with_monotonic(10_000, 0);
         let time = LedgerTime::new(Arc::new(clock.clone()));
         let monitor = SkewMonitor::default();
         assert_eq!(monitor.check(&time, 100), SkewCheck::Unknown);

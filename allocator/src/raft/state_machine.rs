@@ -22,9 +22,9 @@ use parking_lot::{Mutex, RwLock};
 use serde::{Deserialize, Serialize};
 
 use super::app::{App, AppError};
-use super::clock::{Clock, SystemClock};
 use super::codec::{decode, encode};
 use super::ledger_time::LedgerTime;
+use super::node_clock::{NodeClock, SystemNodeClock};
 use super::types::{AllotRaft, NodeId, Stamped};
 
 /// Name of the sled tree holding the state machine's snapshot.
@@ -135,7 +135,7 @@ impl<A: App> SledStateMachine<A> {
     /// # Errors
     /// As [`SledStateMachine::open_with_clock`].
     pub fn open(db: &sled::Db) -> Result<Self, StateMachineError> {
-        Self::open_with_clock(db, Arc::new(SystemClock))
+        Self::open_with_clock(db, Arc::new(SystemNodeClock))
     }
 
     /// Opens the state machine in `db`, restoring it from the stored snapshot if there is one.
@@ -147,7 +147,7 @@ impl<A: App> SledStateMachine<A> {
     /// or restore.
     pub fn open_with_clock(
         db: &sled::Db,
-        clock: Arc<dyn Clock>,
+        clock: Arc<dyn NodeClock>,
     ) -> Result<Self, StateMachineError> {
         let tree = db.open_tree(SM_TREE)?;
         let state = match tree.get(KEY_SNAPSHOT)? {
@@ -372,7 +372,7 @@ mod tests {
 
     use super::*;
     use crate::raft::test_app::{CounterApp, CounterCmd};
-    use crate::raft::ManualClock;
+    use crate::raft::ManualNodeClock;
 
     fn temp_db() -> (tempfile::TempDir, sled::Db) {
         let dir = tempfile::tempdir().expect("tempdir");
@@ -527,7 +527,7 @@ mod tests {
     #[tokio::test]
     async fn applied_restored_and_installed_stamps_anchor_the_next_stamp() {
         let (dir, db) = temp_db();
-        let clock = ManualClock::with_monotonic(1_000_000, 0);
+        let clock = ManualNodeClock::with_monotonic(1_000_000, 0);
         let mut sm = SledStateMachine::<CounterApp>::open_with_clock(&db, Arc::new(clock.clone()))
             .expect("open");
         let time = sm.ledger_time();
@@ -549,7 +549,7 @@ mod tests {
         let db = crate::raft::node::open_db(dir.path())
             .await
             .expect("reopen");
-        let clock = ManualClock::with_monotonic(86_400_000, 7_000_000_000);
+        let clock = ManualNodeClock::with_monotonic(86_400_000, 7_000_000_000);
         let sm = SledStateMachine::<CounterApp>::open_with_clock(&db, Arc::new(clock.clone()))
             .expect("open again");
         assert_eq!(sm.ledger_time().stamp(), 100);
@@ -558,7 +558,7 @@ mod tests {
 
         // A follower that installs the snapshot anchors it at its installation.
         let (_dir2, db2) = temp_db();
-        let clock = ManualClock::with_monotonic(5_000, 3);
+        let clock = ManualNodeClock::with_monotonic(5_000, 3);
         let mut other =
             SledStateMachine::<CounterApp>::open_with_clock(&db2, Arc::new(clock.clone()))
                 .expect("open");

@@ -86,8 +86,8 @@ const REFILL_SLACK: u64 = T / 100;
 async fn consumed(cluster: &LedgerCluster) -> u64 {
     static AT: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
     let at = *AT.get_or_init(|| {
-        use allot_allocator::raft::Clock;
-        allot_allocator::raft::SystemClock.now_ms() + 60_000
+        use allot_allocator::raft::NodeClock;
+        allot_allocator::raft::SystemNodeClock.now_ms() + 60_000
     });
     let mut seen = Vec::new();
     for &id in cluster.daemons.keys() {

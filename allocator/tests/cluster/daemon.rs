@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use allot_allocator::daemon::{load_policy_files, Daemon, DaemonConfig, PolicyFilesError};
 use allot_allocator::ledger::AllocationState;
-use allot_allocator::raft::{NodeConfig, SystemClock};
+use allot_allocator::raft::{NodeConfig, SystemNodeClock};
 use allot_proto::allot::v1 as pb;
 use tokio::net::TcpListener;
 
@@ -40,7 +40,7 @@ async fn start(dir: &std::path::Path, addr: &str, policies: &std::path::Path) ->
         tick_every: Duration::from_millis(50),
         policies: load_policy_files(policies).expect("policy files load"),
     };
-    Daemon::start(config, Arc::new(SystemClock), listener)
+    Daemon::start(config, Arc::new(SystemNodeClock), listener)
         .await
         .expect("daemon starts")
 }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use allot_allocator::ledger::{Allocation, AllocationState};
-use allot_allocator::raft::{Clock, SystemClock};
+use allot_allocator::raft::{NodeClock, SystemNodeClock};
 use allot_proto::allot::v1 as pb;
 use allot_proto::allot::v1::allocator_client::AllocatorClient;
 use tonic::transport::Channel;
@@ -199,7 +199,7 @@ async fn ledger_survives_failover_under_load_and_full_restart() {
     // Kill the leader under load; the others elect a new one that keeps granting.
     let old_leader = cluster.leader().await;
     cluster.stop(old_leader).await;
-    let killed_at_ms = SystemClock.now_ms();
+    let killed_at_ms = SystemNodeClock.now_ms();
     let at_kill = count.load(Ordering::SeqCst);
     let new_leader = cluster.leader().await;
     assert_ne!(new_leader, old_leader);

@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use allot_allocator::daemon::{Daemon, DaemonConfig};
 use allot_allocator::ledger::Ledger;
-use allot_allocator::raft::{Clock, GroupCommitConfig, NodeConfig, RaftTimings, SystemClock};
+use allot_allocator::raft::{
+    GroupCommitConfig, NodeClock, NodeConfig, RaftTimings, SystemNodeClock,
+};
 use allot_proto::allot::v1 as pb;
 use allot_proto::allot::v1::allocator_client::AllocatorClient;
 use tempfile::TempDir;
@@ -128,7 +130,7 @@ pub struct LedgerCluster {
     /// Group commit settings of every node.
     commit: GroupCommitConfig,
     /// Each node's clocks (the system clocks for a node not listed), kept across restarts.
-    clocks: BTreeMap<u64, Arc<dyn Clock>>,
+    clocks: BTreeMap<u64, Arc<dyn NodeClock>>,
 }
 
 impl LedgerCluster {
@@ -148,7 +150,7 @@ impl LedgerCluster {
     pub async fn start_with_clocks(
         ids: &[u64],
         commit: GroupCommitConfig,
-        clocks: BTreeMap<u64, Arc<dyn Clock>>,
+        clocks: BTreeMap<u64, Arc<dyn NodeClock>>,
     ) -> Self {
         let mut listeners = BTreeMap::new();
         let mut addrs = BTreeMap::new();
@@ -205,7 +207,7 @@ impl LedgerCluster {
             .clocks
             .get(&id)
             .cloned()
-            .unwrap_or_else(|| Arc::new(SystemClock));
+            .unwrap_or_else(|| Arc::new(SystemNodeClock));
         let d = Daemon::start_with(config, clock, listener, commit)
             .await
             .expect("start node");

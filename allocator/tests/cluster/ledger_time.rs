@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use allot_allocator::daemon::skew_watch;
 use allot_allocator::ledger::AllocationState;
-use allot_allocator::raft::{Clock, GroupCommitConfig, ManualClock, SkewCheck};
+use allot_allocator::raft::{GroupCommitConfig, ManualNodeClock, NodeClock, SkewCheck};
 use allot_proto::allot::v1 as pb;
 
 use crate::ledger_support::{
@@ -26,14 +26,19 @@ const DAY_MS: u64 = 86_400_000;
 
 /// One manual clock per node, all reading [`W`], each with its own monotonic origin (as
 /// separate processes have), and the same clocks as the cluster takes them.
-fn node_clocks(ids: &[u64]) -> (BTreeMap<u64, ManualClock>, BTreeMap<u64, Arc<dyn Clock>>) {
-    let manual: BTreeMap<u64, ManualClock> = ids
+fn node_clocks(
+    ids: &[u64],
+) -> (
+    BTreeMap<u64, ManualNodeClock>,
+    BTreeMap<u64, Arc<dyn NodeClock>>,
+) {
+    let manual: BTreeMap<u64, ManualNodeClock> = ids
         .iter()
-        .map(|&id| (id, ManualClock::with_monotonic(W, id * 7_000_000_000)))
+        .map(|&id| (id, ManualNodeClock::with_monotonic(W, id * 7_000_000_000)))
         .collect();
     let shared = manual
         .iter()
-        .map(|(&id, c)| (id, Arc::new(c.clone()) as Arc<dyn Clock>))
+        .map(|(&id, c)| (id, Arc::new(c.clone()) as Arc<dyn NodeClock>))
         .collect();
     (manual, shared)
 }
@@ -41,7 +46,7 @@ fn node_clocks(ids: &[u64]) -> (BTreeMap<u64, ManualClock>, BTreeMap<u64, Arc<dy
 /// A cluster whose first leader drained api/tenant=acme at [`W`].
 struct Drained {
     cluster: LedgerCluster,
-    clocks: BTreeMap<u64, ManualClock>,
+    clocks: BTreeMap<u64, ManualNodeClock>,
     /// The first leader.
     first: u64,
     /// What it granted: the full bucket.

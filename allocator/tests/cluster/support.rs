@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use allot_allocator::raft::test_app::{CounterApp, CounterCmd, CounterResponse};
-use allot_allocator::raft::{ClientError, ManualClock, Node, NodeConfig, RaftTimings};
+use allot_allocator::raft::{ClientError, ManualNodeClock, Node, NodeConfig, RaftTimings};
 use tempfile::TempDir;
 use tokio::net::TcpListener;
 
@@ -32,7 +32,7 @@ pub struct Cluster {
     root: TempDir,
     pub addrs: BTreeMap<u64, String>,
     pub nodes: BTreeMap<u64, TestNode>,
-    pub clock: ManualClock,
+    pub clock: ManualNodeClock,
 }
 
 impl Cluster {
@@ -43,7 +43,7 @@ impl Cluster {
             root,
             addrs: BTreeMap::new(),
             nodes: BTreeMap::new(),
-            clock: ManualClock::new(1_000_000),
+            clock: ManualNodeClock::new(1_000_000),
         };
         for &id in ids {
             cluster.start_new(id).await;

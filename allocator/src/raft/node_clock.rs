@@ -1,13 +1,17 @@
 //! The clocks a node reads, injectable so tests control time: the wall clock (Unix ms, may jump
 //! either way) and a monotonic clock (ns, only ever moves forward at real rate). Together they
 //! bound the time a node stamps into proposals (see [`super::ledger_time`], design §6 "Clocks").
+//!
+//! Not the decision core's `allot_common::clock::Clock` (one monotonic reading in ns that every
+//! decision takes as `now`): a node needs the wall clock and the monotonic clock as a pair, and
+//! the ledger itself reads neither (it takes its time from the log entry).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 /// Source of this node's time: a wall clock and a monotonic clock.
-pub trait Clock: Send + Sync + 'static {
+pub trait NodeClock: Send + Sync + 'static {
     /// Wall-clock now, in milliseconds since the Unix epoch (UTC). May step backwards or
     /// forwards when the host's clock is set; never used alone to advance ledger time.
     fn now_ms(&self) -> u64;
@@ -19,15 +23,15 @@ pub trait Clock: Send + Sync + 'static {
 
 /// The system clocks: [`SystemTime`] for the wall clock, [`Instant`] for the monotonic one.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct SystemClock;
+pub struct SystemNodeClock;
 
-/// The monotonic origin shared by every [`SystemClock`] of this process.
+/// The monotonic origin shared by every [`SystemNodeClock`] of this process.
 fn monotonic_origin() -> Instant {
     static ORIGIN: OnceLock<Instant> = OnceLock::new();
     *ORIGIN.get_or_init(Instant::now)
 }
 
-impl Clock for SystemClock {
+impl NodeClock for SystemNodeClock {
     fn now_ms(&self) -> u64 {
         // A clock before 1970 is a broken host; 0 is then the least harmful stamp because the
         // stamp never goes below the last applied one (see `ledger_time`).
@@ -44,16 +48,16 @@ impl Clock for SystemClock {
 }
 
 /// A clock that only moves when told to; clones share the same time. Its wall and monotonic
-/// readings move together with [`ManualClock::advance`] (real time passing) and apart with
-/// [`ManualClock::set`] / [`ManualClock::advance_wall`] (the wall clock stepped) or
-/// [`ManualClock::advance_monotonic`] (a wall clock that stands still).
+/// readings move together with [`ManualNodeClock::advance`] (real time passing) and apart with
+/// [`ManualNodeClock::set`] / [`ManualNodeClock::advance_wall`] (the wall clock stepped) or
+/// [`ManualNodeClock::advance_monotonic`] (a wall clock that stands still).
 #[derive(Debug, Clone, Default)]
-pub struct ManualClock {
+pub struct ManualNodeClock {
     now_ms: Arc<AtomicU64>,
     mono_ns: Arc<AtomicU64>,
 }
 
-impl ManualClock {
+impl ManualNodeClock {
     /// A clock whose wall reads `start_ms` (Unix milliseconds) and whose monotonic clock reads 0.
     pub fn new(start_ms: u64) -> Self {
         Self::with_monotonic(start_ms, 0)
@@ -99,7 +103,7 @@ fn add(cell: &AtomicU64, by: u64) {
     });
 }
 
-impl Clock for ManualClock {
+impl NodeClock for ManualNodeClock {
     fn now_ms(&self) -> u64 {
         self.now_ms.load(Ordering::SeqCst)
     }
@@ -115,7 +119,7 @@ mod tests {
 
     #[test]
     fn manual_clock_moves_wall_and_monotonic_together_or_apart_and_saturates() {
-        let c = ManualClock::with_monotonic(1_000, 5);
+        let c = ManualNodeClock::with_monotonic(1_000, 5);
         c.advance(2);
         assert_eq!((c.now_ms(), c.monotonic_ns()), (1_002, 2_000_005));
         c.advance_wall(10);
@@ -132,9 +136,9 @@ mod tests {
 
     #[test]
     fn system_monotonic_clock_never_goes_back() {
-        let a = SystemClock.monotonic_ns();
-        let b = SystemClock.monotonic_ns();
+        let a = SystemNodeClock.monotonic_ns();
+        let b = SystemNodeClock.monotonic_ns();
         assert!(b >= a);
-        assert!(SystemClock.now_ms() > 0);
+        assert!(SystemNodeClock.now_ms() > 0);
     }
 }
