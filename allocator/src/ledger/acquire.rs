@@ -56,7 +56,9 @@ impl Ledger {
         r
     }
 
-    /// The grant or denial for `a` of the key `prepare` readied as `t`.
+    /// The grant or denial for `a` of the key `prepare` readied as `t`, phase by phase: end the
+    /// holder's earlier accrual, refuse what cannot be granted at all, size the base and the
+    /// rate, then deny or record the allocation.
     fn grant(
         &mut self,
         a: &Acquire,
@@ -64,36 +66,62 @@ impl Ledger {
         t: &Target,
         now: u64,
     ) -> Result<Response, LedgerError> {
-        let (rule, kid, version, params) = (&t.rule, &t.kid, t.version, t.params);
-        let now_ns = millis_to_nanos(now);
         // Granted or denied, this Acquire ends the accrual of the holder's earlier rates for
         // the key (the holder froze them before sending it; design §9).
-        self.supersede(kid, &a.region, &a.holder, now);
+        self.supersede(&t.kid, &a.region, &a.holder, now);
+        if let Some(refusal) = self.refuse_outright(a, t, now) {
+            return Ok(refusal);
+        }
+        let base = self.size_base(a, demand, t, now)?;
+        let expires = lease_end(t, now);
+        let rate = self.size_rate(a, demand, t, &base, expires.saturating_sub(now));
+        if base.grant == 0 && (rate.ppm == 0 || rate.per_s < a.want_rate_per_s) {
+            self.note_denied(&t.kid, &a.region, &a.holder, now);
+        }
+        if base.grant == 0 && rate.ppm == 0 {
+            return self.denied(t, a, &base.avail, now);
+        }
+        self.record_grant(a, t, &base, &rate, expires, now)
+    }
+
+    /// The denial of an Acquire that nothing can be granted to whatever the buckets hold: the
+    /// region has no part of the key, or a window ends within the drift margin.
+    fn refuse_outright(&mut self, a: &Acquire, t: &Target, now: u64) -> Option<Response> {
+        let (rule, version) = (&t.rule, t.version);
         if let Some((retry_after_ms, reason)) = t.no_part(&a.region) {
-            self.note_denied(kid, &a.region, &a.holder, now);
-            return Ok(Response::Denied(Denial {
+            self.note_denied(&t.kid, &a.region, &a.holder, now);
+            return Some(Response::Denied(Denial {
                 retry_after_ms,
                 reason,
                 policy_version: version,
             }));
         }
-        if let Some(left_ms) = window_left_ms(&params, now_ns) {
-            // A window's allocation ends with its window, and an agent stops spending one drift
-            // margin before the end: a grant this close to the end would arrive unusable while
-            // its tokens stayed charged for the rest of the window.
-            if left_ms <= rule.lease.max_drift_ms {
-                return Ok(Response::Denied(Denial {
-                    retry_after_ms: left_ms.max(1),
-                    reason: format!(
-                        "the window of {} ends in {left_ms} ms, within the {} ms drift margin",
-                        rule.name, rule.lease.max_drift_ms
-                    ),
-                    policy_version: version,
-                }));
-            }
-        }
+        let left_ms = window_left_ms(&t.params, millis_to_nanos(now))?;
+        // A window's allocation ends with its window, and an agent stops spending one drift
+        // margin before the end: a grant this close to the end would arrive unusable while its
+        // tokens stayed charged for the rest of the window.
+        (left_ms <= rule.lease.max_drift_ms).then(|| {
+            Response::Denied(Denial {
+                retry_after_ms: left_ms.max(1),
+                reason: format!(
+                    "the window of {} ends in {left_ms} ms, within the {} ms drift margin",
+                    rule.name, rule.lease.max_drift_ms
+                ),
+                policy_version: version,
+            })
+        })
+    }
 
-        // What is available now, from each source.
+    /// The base of the grant: min(want, max grant, fair part, pool) in whole tokens, from what
+    /// each source holds now (refilling the buckets to `now`).
+    fn size_base(
+        &mut self,
+        a: &Acquire,
+        demand: &Demand<'_>,
+        t: &Target,
+        now: u64,
+    ) -> Result<BaseSize, LedgerError> {
+        let (rule, kid) = (&t.rule, &t.kid);
         let ks = self.key_mut(kid)?;
         let avail = available(ks, &a.region, rule, now);
         // The live totals must stay representable: grants are capped by what they can still
@@ -102,61 +130,64 @@ impl Ledger {
         let pool = avail.pool().min(totals_room);
 
         // Divide the pool fairly among the holders asking in this region recently.
-        let ttl = rule.lease.ttl_ms;
-        let (wants, me) = self.holder_wants(kid, &a.region, demand, ttl, now);
+        let (wants, me) = self.holder_wants(kid, &a.region, demand, rule.lease.ttl_ms, now);
         let fair = fair_part(pool, &wants, me);
+        let grant = whole_tokens(
+            a.want.min(rule.lease.max_grant).min(fair).min(pool),
+            a.want,
+            rule.lease.max_grant,
+            pool,
+        );
+        Ok(BaseSize {
+            avail,
+            totals_room,
+            grant,
+        })
+    }
 
-        let mut grant = a.want.min(rule.lease.max_grant).min(fair).min(pool);
-        // Tokens are indivisible: when the fair part is below one whole token (the pool holds
-        // fewer whole tokens than holders ask), the asker gets one whole token if the pool has
-        // it, as max-min division of indivisible units gives some holders the part rounded up.
-        // Rounding it down to nothing instead left the pool's last tokens to nobody for as
-        // long as the holders kept asking, each denial saying "retry in 1 ms" (the bucket did
-        // hold the tokens): an Acquire storm through Raft that admitted nothing.
-        if grant < MICROS_PER_TOKEN
-            && a.want >= MICROS_PER_TOKEN
-            && rule.lease.max_grant >= MICROS_PER_TOKEN
-            && pool >= MICROS_PER_TOKEN
-        {
-            grant = MICROS_PER_TOKEN;
-        }
-        if grant >= MICROS_PER_TOKEN {
-            // Agents spend whole tokens; a fraction would sit unused.
-            grant -= grant % MICROS_PER_TOKEN;
-        } else if a.want >= MICROS_PER_TOKEN {
-            grant = 0;
-        }
-        let mut expires = now.saturating_add(ttl);
-        if let Some(left_ms) = window_left_ms(&params, now_ns) {
-            // A window's allocation never outlives its window.
-            expires = expires.min(now.saturating_add(left_ms));
-        }
-        let rate_ask = RateAsk {
+    /// The rate the grant carries (design §9), or none when it could not accrue one whole token
+    /// over the lease of `duration_ms`: a holder spending whole tokens would only ask again.
+    fn size_rate(
+        &self,
+        a: &Acquire,
+        demand: &Demand<'_>,
+        t: &Target,
+        base: &BaseSize,
+        duration_ms: u64,
+    ) -> RateSize {
+        let ask = RateAsk {
             demand,
             want_per_s: a.want_rate_per_s,
             part: t.ppm,
-            duration_ms: expires.saturating_sub(now),
-            room: totals_room.saturating_sub(grant),
+            duration_ms,
+            room: base.totals_room.saturating_sub(base.grant),
         };
-        let rate_ppm = self.rate_part(kid, &a.region, rule, &params, &rate_ask);
-        // A rate that cannot accrue one whole token over the lease would only be asked again
-        // and again by a holder that spends whole tokens: none is granted.
-        let (rate_ppm, rate, promised) = {
-            let rate = rate_per_s(&params, rate_ppm);
-            let promised = promise(rate, rate_ask.duration_ms);
-            if rate == 0 || promised < MICROS_PER_TOKEN {
-                (0, 0, 0)
-            } else {
-                (rate_ppm, rate, promised)
+        let ppm = self.rate_part(&t.kid, &a.region, &t.rule, &t.params, &ask);
+        let per_s = rate_per_s(&t.params, ppm);
+        let promised = promise(per_s, duration_ms);
+        if per_s == 0 || promised < MICROS_PER_TOKEN {
+            RateSize::NONE
+        } else {
+            RateSize {
+                ppm,
+                per_s,
+                promised,
             }
-        };
-        if grant == 0 && (rate_ppm == 0 || rate < a.want_rate_per_s) {
-            self.note_denied(kid, &a.region, &a.holder, now);
         }
-        if grant == 0 && rate_ppm == 0 {
-            return self.denied(t, a, &avail, now);
-        }
+    }
 
+    /// Debits every source for the grant, counts it in the key's and region's live totals and
+    /// records the allocation, ending at `expires` (Unix ms).
+    fn record_grant(
+        &mut self,
+        a: &Acquire,
+        t: &Target,
+        base: &BaseSize,
+        rate: &RateSize,
+        expires: u64,
+        now: u64,
+    ) -> Result<Response, LedgerError> {
+        let (rule, kid, grant) = (&t.rule, &t.kid, base.grant);
         // Ids are never reused, so the id is also the epoch: strictly increasing per policy,
         // region and holder with no per-holder table to keep (issue 10 item 1).
         self.next_id = self.next_id.saturating_add(1);
@@ -164,39 +195,39 @@ impl Ledger {
         let epoch = id;
         let ks = self.key_mut(kid)?;
         // Debit every source now; unspent tokens come back only at release.
-        debit(ks, &a.region, rule, &avail, now, grant);
+        debit(ks, &a.region, rule, &base.avail, now, grant);
         let region = ks.regions.entry(a.region.clone()).or_default();
         let charged = Charged {
             global: ks.global.params.kind(),
             region: region.bucket.as_ref().map(|b| b.params.kind()),
-            calendar_period_start: rule.quota.map(|_| avail.period_start),
+            calendar_period_start: rule.quota.map(|_| base.avail.period_start),
         };
         let dead_at = expires.saturating_add(rule.lease.max_drift_ms);
         region.live = region.live.saturating_add(1);
-        // Cannot saturate: the grant and its promise are capped by `totals_room` above.
-        let total = grant.saturating_add(promised);
+        // Cannot saturate: the grant and its promise are capped by `totals_room`.
+        let total = grant.saturating_add(rate.promised);
         region.granted_live = region.granted_live.saturating_add(total);
         ks.live = ks.live.saturating_add(1);
         if !ks.parts.by_region.is_empty() {
             ks.parts.granted(&a.region);
         }
-        if rate_ppm > 0 {
-            region.rate_ppm_live = region.rate_ppm_live.saturating_add(u64::from(rate_ppm));
+        if rate.ppm > 0 {
+            region.rate_ppm_live = region.rate_ppm_live.saturating_add(u64::from(rate.ppm));
             region.rated.insert((a.holder.clone(), id));
         }
         let alloc = Allocation {
             id,
             rule_id: rule.id.clone(),
             key: kid.1.clone(),
-            policy_version: version,
+            policy_version: t.version,
             shares_version: t.shares_version,
             region: a.region.clone(),
             holder: a.holder.clone(),
             epoch,
             granted: total,
             base: grant,
-            rate_ppm,
-            rate_per_s: rate,
+            rate_ppm: rate.ppm,
+            rate_per_s: rate.per_s,
             accrual_end_ms: expires,
             reported: 0,
             issued_at_ms: now,
@@ -207,7 +238,7 @@ impl Ledger {
         };
         self.allocations.insert(id, alloc);
         self.deadlines.insert((dead_at, id));
-        if rate_ppm > 0 {
+        if rate.ppm > 0 {
             // From now on this rate's part of the refill flows to the holder.
             self.retune_rates(kid, &a.region, now);
         }
@@ -217,9 +248,9 @@ impl Ledger {
             granted: grant,
             issued_at_ms: now,
             expires_at_ms: expires,
-            policy_version: version,
-            rate_per_s: rate,
-            promised,
+            policy_version: t.version,
+            rate_per_s: rate.per_s,
+            promised: rate.promised,
         }))
     }
 
@@ -287,4 +318,65 @@ fn window_left_ms(params: &LimitParams, now_ns: u64) -> Option<u64> {
     let period = w.period_ns.max(1);
     let end_ns = (now_ns - now_ns % period).saturating_add(period);
     Some(nanos_to_millis_floor(end_ns) - nanos_to_millis_floor(now_ns))
+}
+
+/// The base of a grant and what it was sized from.
+struct BaseSize {
+    /// What each source held when the grant was sized.
+    avail: Available,
+    /// µtok the region's live totals can still count.
+    totals_room: u64,
+    /// µtok granted now (whole tokens, or 0).
+    grant: u64,
+}
+
+/// The rate a grant carries: parts per million of the policy's rate, µtok/s, and the µtok it
+/// promises over the lease. All 0 when it carries none.
+struct RateSize {
+    ppm: u32,
+    per_s: u64,
+    promised: u64,
+}
+
+impl RateSize {
+    const NONE: Self = Self {
+        ppm: 0,
+        per_s: 0,
+        promised: 0,
+    };
+}
+
+/// When an allocation granted at `now` (Unix ms) ends: one lease later, and never after the
+/// end of a fixed window.
+fn lease_end(t: &Target, now: u64) -> u64 {
+    let expires = now.saturating_add(t.rule.lease.ttl_ms);
+    match window_left_ms(&t.params, millis_to_nanos(now)) {
+        Some(left_ms) => expires.min(now.saturating_add(left_ms)),
+        None => expires,
+    }
+}
+
+/// `sized` (µtok) in whole tokens, as agents spend them (a fraction would sit unused).
+///
+/// Tokens are indivisible: when the fair part is below one whole token (the pool holds fewer
+/// whole tokens than holders ask), the asker gets one whole token if the pool has it, as
+/// max-min division of indivisible units gives some holders the part rounded up. Rounding it
+/// down to nothing instead left the pool's last tokens to nobody for as long as the holders
+/// kept asking, each denial saying "retry in 1 ms" (the bucket did hold the tokens): an
+/// Acquire storm through Raft that admitted nothing. An ask below one token keeps its
+/// fraction.
+fn whole_tokens(sized: u64, want: u64, max_grant: u64, pool: u64) -> u64 {
+    let one = MICROS_PER_TOKEN;
+    let sized = if sized < one && want >= one && max_grant >= one && pool >= one {
+        one
+    } else {
+        sized
+    };
+    if sized >= one {
+        sized - sized % one
+    } else if want >= one {
+        0
+    } else {
+        sized
+    }
 }
