@@ -7,7 +7,7 @@
 //! answer must say the same in every field it carries (codes, `limit_remaining`,
 //! `duration_until_reset`, `retry-after`); a difference is printed as an error line, so the case
 //! fails. No allocator takes part: every rule is enforced by the agent alone (`scope: local`,
-//! seed §12), which is what a single limiter replaying the trace is.
+//! design §2), which is what a single limiter replaying the trace is.
 //!
 //! A cost above a limit's capacity is OVER_LIMIT with no Retry-After through both APIs, as in
 //! the core replay (issue 10 item 16: an error would let the request through a gateway that

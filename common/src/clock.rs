@@ -1,5 +1,5 @@
-//! Injected time (seed §11, §30): algorithms never read a clock themselves; callers pass `now`
-//! from a [`Clock`], so tests drive a [`ManualClock`] and never sleep.
+//! Injected time (design §10 "Units and time"): algorithms never read a clock themselves; callers
+//! pass `now` from a [`Clock`], so tests drive a [`ManualClock`] and never sleep.
 
 use crate::units::Nanos;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -1,5 +1,6 @@
-//! Concurrency limiter (seed §25): at most N units of work in flight; a permit returns its slots
-//! when dropped, so an early return or a panic in the caller cannot leak capacity.
+//! Concurrency limiter (design §10 "Concurrency"): at most N units of work in flight; a permit
+//! returns its slots when dropped, so an early return or a panic in the caller cannot leak
+//! capacity.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

@@ -1,4 +1,4 @@
-//! What one algorithm answers for one key (seed §8, §27).
+//! What one algorithm answers for one key (design §10 "Algorithms" and "Rejections").
 
 use crate::units::{micros_to_tokens_floor, Micros, Nanos};
 

@@ -1,4 +1,5 @@
-//! Request descriptors (Envoy's `RateLimitDescriptor`) and their canonical keys (seed §3, §15).
+//! Request descriptors (Envoy's `RateLimitDescriptor`) and their canonical keys (design §10
+//! "Keys").
 //!
 //! A key is the descriptor's entries encoded with length prefixes, so the encoding is injective:
 //! `("a", "b_c")` and `("a_b", "c")`, or "é" and "e" + U+0301, never share a counter. Keys and

@@ -1,10 +1,11 @@
-//! The seam between the decision core and leased global quota (seed §19–21).
+//! The seam between the decision core and leased global quota (design §2, §3).
 //!
 //! Inside an agent, rules with `scope: global` are not decided from local state: their tokens come
-//! from allocations the allocator granted. [`Limiter::decide_with`](crate::limiter::Limiter::decide_with)
-//! asks a [`GlobalLimits`] implementation to *reserve* the cost of such descriptors, and cancels
-//! the reservations when any other descriptor denies, so multi-descriptor requests stay
-//! all-or-nothing and shadow mode behaves exactly as for local rules.
+//! from allocations the allocator granted.
+//! [`Limiter::decide_with`](crate::limiter::Limiter::decide_with) asks a [`GlobalLimits`]
+//! implementation to *reserve* the cost of such descriptors, and cancels the reservations when any
+//! other descriptor denies, so multi-descriptor requests stay all-or-nothing and shadow mode
+//! behaves exactly as for local rules.
 
 use crate::config::Rule;
 use crate::decision::Decision;
@@ -75,6 +76,6 @@ pub trait GlobalLimits {
     fn cancel(&self, reservation: Self::Reservation);
 
     /// Gives back `micros` that an earlier admitted request turned out not to use (a settled
-    /// reservation, seed §24). Never creates tokens beyond what was spent for the key.
+    /// reservation, design §10 "Refunds"). Never creates tokens beyond what was spent for the key.
     fn refund(&self, key: GlobalKey<'_>, micros: Micros, now: Nanos);
 }

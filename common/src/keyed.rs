@@ -1,5 +1,5 @@
 //! Per-key state of one rule: a sharded hash table of slots with a cap on distinct keys and
-//! eviction of idle state (seed §3: memory stays bounded however random the keys are).
+//! eviction of idle state (design §10 "Keys": memory stays bounded however random the keys are).
 //!
 //! Concurrency: a lookup takes one shard's read lock, either just long enough to clone the slot's
 //! `Arc` or, on the one-descriptor path ([`KeyTable::with_slot`]), for the decision itself; the
@@ -218,15 +218,16 @@ pub struct SlotState {
     pub params: LimitParams,
     /// The config version `params` belong to. State only ever moves to a newer version: a
     /// decision still holding an older snapshot decides with these (newer) parameters instead
-    /// of moving the state back (seed §28).
+    /// of moving the state back (design §10 "Config versions").
     pub version: u64,
     /// The algorithm state.
     pub state: LimitState,
 }
 
 impl SlotState {
-    /// Moves the state to `params` of config `version` as of `at` (seed §28), unless it already
-    /// holds a version at least as new; returns the parameters to decide with (the newest).
+    /// Moves the state to `params` of config `version` as of `at` (design §10 "Config versions"),
+    /// unless it already holds a version at least as new; returns the parameters to decide with
+    /// (the newest).
     #[inline]
     pub fn advance(&mut self, params: &LimitParams, version: u64, at: Nanos) -> LimitParams {
         if self.version < version {
@@ -381,9 +382,9 @@ impl KeyTable {
         removed
     }
 
-    /// Moves every key's state to `params` as of `at` (seed §28), so a later config change
-    /// cannot skip this version's period. Keys created concurrently under the old version are
-    /// transitioned lazily by the limiter on their next decision.
+    /// Moves every key's state to `params` as of `at` (design §10 "Config versions"), so a later
+    /// config change cannot skip this version's period. Keys created concurrently under the old
+    /// version are transitioned lazily by the limiter on their next decision.
     pub fn transition_all(&self, params: &LimitParams, version: u64, at: Nanos) {
         self.table.for_each(|slot| {
             let mut g = slot.value.lock();

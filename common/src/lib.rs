@@ -3,15 +3,17 @@
 //! One implementation of every admission decision, used by `allotctl replay`, the gateway agent
 //! and the allocator:
 //!
-//! * [`units`]: fixed-point microtokens and integer nanoseconds (seed §8);
-//! * [`clock`]: injected time, real and manual (seed §11, §30);
+//! * [`units`]: fixed-point microtokens and integer nanoseconds (design §10 "Units and time");
+//! * [`clock`]: injected time, real and manual (design §10 "Units and time");
 //! * [`algorithm`]: token bucket, GCRA, fixed window, sliding-window counter, sliding log, and the
-//!   leaky-bucket shaper (seed §5–10), exact and overflow-free;
-//! * [`config`]: the envoyproxy/ratelimit YAML with Allot's additions, validated (seed §28);
-//! * [`descriptor`]: requests and injective canonical keys with bounded sizes (seed §3, §15);
-//! * [`keyed`]: per-key state with a cap on keys and idle eviction (seed §3);
+//!   leaky-bucket shaper (design §10 "Algorithms"), exact and overflow-free;
+//! * [`config`]: the envoyproxy/ratelimit YAML with Allot's additions, validated (design §10
+//!   "Config versions");
+//! * [`descriptor`]: requests and injective canonical keys with bounded sizes (design §10 "Keys");
+//! * [`keyed`]: per-key state with a cap on keys and idle eviction (design §10 "Keys");
 //! * [`limiter`]: all-or-nothing multi-descriptor decisions, shadow mode, config transitions;
-//! * [`concurrency`]: in-flight limits (seed §25); [`direct`]: a single-key limiter;
+//! * [`concurrency`]: in-flight limits (design §10 "Concurrency"); [`direct`]: a single-key
+//!   limiter;
 //! * [`name`]: map keys compared inline on the decision path;
 //! * [`global`]: the seam through which an agent decides `scope: global` rules from leases.
 //!

@@ -1,9 +1,10 @@
-//! Exact units used on the decision path (seed §8: fixed-point tokens, integer time).
+//! Exact units used on the decision path (design §10 "Units and time": fixed-point tokens, integer
+//! time).
 //!
 //! * Tokens are counted in **microtokens** (`u64`): one whole token (one request of cost 1)
 //!   is [`MICROS_PER_TOKEN`] microtokens.
-//! * Time is counted in **nanoseconds** (`u64`) from the origin of the [`Clock`](crate::clock::Clock)
-//!   in use; windows are aligned to that origin.
+//! * Time is counted in **nanoseconds** (`u64`) from the origin of the
+//!   [`Clock`](crate::clock::Clock) in use; windows are aligned to that origin.
 //!
 //! Every conversion here saturates instead of wrapping: a saturated value is always on the
 //! conservative side of the decision that uses it.
@@ -57,7 +58,8 @@ pub fn nanos_to_millis_floor(ns: Nanos) -> u64 {
     ns / NANOS_PER_MILLI
 }
 
-/// Nanoseconds → whole seconds for an HTTP `Retry-After` (RFC 9110 §10.2.3): rounded up, at least 1.
+/// Nanoseconds → whole seconds for an HTTP `Retry-After` (RFC 9110 §10.2.3): rounded up, and
+/// at least 1.
 #[inline]
 pub fn nanos_to_retry_after_secs(ns: Nanos) -> u64 {
     ns.div_ceil(NANOS_PER_SEC).max(1)

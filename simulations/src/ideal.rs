@@ -1,4 +1,4 @@
-//! The ideal central counter (seed §13): every recorded request decided, in send order and at
+//! The ideal central counter (design §2): every recorded request decided, in send order and at
 //! its recorded time, by one in-process decision core holding one bucket per key — what a
 //! single, infinitely fast, always-reachable rate limiter would have admitted for the same
 //! arrivals. No wall clock: the records' times are the counter's clock.

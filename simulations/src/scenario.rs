@@ -1,6 +1,6 @@
-//! The Acme story (seed §1, §20, §21–23) on a running deployment, driven through the agents'
-//! Envoy RLS API with real gRPC clients. Every row prints what the contract allows next to what
-//! was measured; the bound is the allocator's Σ(granted − reported) over live allocations.
+//! The Acme story (the README's; design §3, §5, §6) on a running deployment, driven through the
+//! agents' Envoy RLS API with real gRPC clients. Every row prints what the contract allows next to
+//! what was measured; the bound is the allocator's Σ(granted − reported) over live allocations.
 
 use crate::local::{allocator_client, Deployment};
 use crate::rls::{client, request};

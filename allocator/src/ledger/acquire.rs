@@ -1,5 +1,5 @@
 //! Acquire: grant = min(want, max grant, fair part, region headroom, bucket tokens, calendar
-//! remainder), debited from every one of them at grant time (seed §21). The sources and what
+//! remainder), debited from every one of them at grant time (design §3). The sources and what
 //! they hold are [`super::sources`]'s.
 
 use super::division::Demand;

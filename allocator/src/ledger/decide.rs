@@ -1,4 +1,4 @@
-//! Central decisions (seed §13): the allocator decides one request itself, debiting its cost
+//! Central decisions (design §2): the allocator decides one request itself, debiting its cost
 //! from the policy key's global bucket, the region's part (when the policy has regional shares)
 //! and the calendar quota at once, all or nothing, at the entry's stamped time. No allocation is
 //! made, so a central decision adds nothing to the overshoot bound. Agents use it for keys too

@@ -1,4 +1,4 @@
-//! Division of one policy key among its regions (seed §20–22). With `shares_mode: cap` each
+//! Division of one policy key among its regions (design §5). With `shares_mode: cap` each
 //! region's part is its share, moved only by an operator. With `shares_mode: weighted` (the
 //! default) shares are guaranteed minimums and weights: each region's claim comes from the
 //! Acquires it sent recently (their wants and measured demand), [`region_parts`] divides the key

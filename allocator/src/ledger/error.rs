@@ -56,7 +56,7 @@ pub enum LedgerError {
         /// The id asked for.
         id: u64,
     },
-    /// The allocation exists with another epoch: the caller's view is stale (seed §22).
+    /// The allocation exists with another epoch: the caller's view is stale (design §4).
     #[error("allocation {id} has epoch {have}, not {got}: stale")]
     StaleEpoch {
         /// Allocation id.
@@ -123,7 +123,7 @@ pub enum LedgerError {
         name: String,
     },
     /// A regional share is too small to ever hold one whole token, so its region could never be
-    /// granted anything (seed §22).
+    /// granted anything (design §5).
     #[error(
         "share of {region:?} in {policy} is {} of a capacity of {capacity_tokens} tokens, less \
          than one whole token: use at least {} (or 0 for no share), or raise the burst",

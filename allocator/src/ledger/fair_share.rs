@@ -2,7 +2,7 @@
 //! FairShare: when the asks exceed what is available, each holder gets at most an equal part,
 //! and what holders asking less leave over is split among the rest, so one early gateway cannot
 //! take the whole burst while the others are refused), and among the regions of one policy key
-//! (weighted max-min by demand, seed §20–22: shares are guaranteed minimums and weights).
+//! (weighted max-min by demand, design §5: shares are guaranteed minimums and weights).
 
 use allot_common::config::PPM;
 
@@ -49,7 +49,7 @@ pub struct RegionClaim {
     pub hungry: bool,
 }
 
-/// Weighted max-min division of the whole ([`PPM`]) among regions by demand (seed §20–22):
+/// Weighted max-min division of the whole ([`PPM`]) among regions by demand (design §5):
 /// 1. busy regions with a share are filled in proportion to their shares, none beyond its
 ///    demand, what a region below its demand-capped part leaves going to the others by weight
 ///    (water-filling), so each gets at least min(its demand, its share);

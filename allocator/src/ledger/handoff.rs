@@ -1,4 +1,4 @@
-//! Versioned handoff of one policy key's regional parts (seed §22).
+//! Versioned handoff of one policy key's regional parts (design §5).
 //!
 //! A region's part (parts per million of the key's rate and capacity) moves in two steps. A
 //! lowered part applies to the region's new grants at once (its renewals come in a greater

@@ -1,7 +1,7 @@
-//! The lease ledger (seed §20–23, §28): a pure, deterministic state machine of policies, global
-//! buckets and epoch-fenced, expiring allocations. No openraft types, no clock: every command is
-//! applied at the time the Raft leader stamped into its log entry, so every replica computes the
-//! same state.
+//! The lease ledger (design §3–6, design §10 "Config versions"): a pure, deterministic state
+//! machine of policies, global buckets and epoch-fenced, expiring allocations. No openraft types,
+//! no clock: every command is applied at the time the Raft leader stamped into its log entry, so
+//! every replica computes the same state.
 //!
 //! Invariants kept here:
 //! * live entitlement never exceeds the contract: a grant debits the global bucket (and the

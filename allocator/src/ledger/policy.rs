@@ -1,4 +1,5 @@
-//! Policy documents, regional shares and the versioned handoff (seed §20, §22, §28).
+//! Policy documents, regional shares and the versioned handoff (design §5, design §10 "Config
+//! versions").
 
 use super::{
     Ledger, LedgerError, PolicyDoc, PolicyKey, PolicyShares, RegionShareState, Response, Share,
@@ -14,9 +15,9 @@ use std::path::Path;
 /// policy document's version.
 pub(super) type Resolved<'a> = (&'a Rule, (String, Vec<u8>), u64);
 
-/// Parses and validates a policy document for the allocator: the decision core's validation,
-/// plus the rule that sliding windows and logs cannot be leased (seed §6: a log is exact only
-/// where it is decided in one place).
+/// Parses and validates a policy document for the allocator: the decision core's validation, plus
+/// the rule that sliding windows and logs cannot be leased (design §10 "Algorithms": a log is exact
+/// only where it is decided in one place).
 pub(super) fn parse(yaml: &str) -> Result<DomainConfig, String> {
     let d = ConfigSet::parse_domain(yaml, Path::new("policy")).map_err(|e| e.to_string())?;
     for r in &d.rules {

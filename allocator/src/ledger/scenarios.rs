@@ -2,7 +2,7 @@
 //! lease from the ledger the way the agent does (spend locally, Acquire when empty or running
 //! low, report and release once a second, stop at the deadline), applies their Acquire, Report
 //! and Release commands at stamped times, and compares what they admitted with the decision core
-//! replaying the same arrivals as one central bucket (seed §13).
+//! replaying the same arrivals as one central bucket (design §2).
 
 use super::*;
 use allot_common::units::MICROS_PER_TOKEN as T;

@@ -1,4 +1,4 @@
-//! Report and Release (seed §22–24): cumulative spend is max-merged and clamped to the grant;
+//! Report and Release (design §3, §4): cumulative spend is max-merged and clamped to the grant;
 //! a stale id or epoch is refused and changes nothing; unspent tokens return to the buckets only
 //! at release, when the final spend is known, never above capacity, and only into what the
 //! grant was charged to.

@@ -1,4 +1,4 @@
-//! The sources a grant (Acquire, seed §21) or a central decision (Decide, seed §13) draws from:
+//! The sources a grant (Acquire, design §3) or a central decision (Decide, design §2) draws from:
 //! the policy key's global bucket, the region's part of it when the policy has regional shares,
 //! and the calendar quota. One home for resolving a request to its limit and key state, for
 //! "what is available from each source", for debiting all of them at once and for "when can
@@ -27,7 +27,8 @@ pub(super) fn check_id(what: &str, v: &str) -> Result<(), LedgerError> {
     Ok(())
 }
 
-/// Brings a bucket to `params` at time `at` when its parameters changed (seed §28).
+/// Brings a bucket to `params` at time `at` when its parameters changed (design §10 "Config
+/// versions").
 pub(super) fn retune(b: &mut Bucket, params: LimitParams, at_ns: u64) {
     if b.params != params {
         let st = std::mem::replace(&mut b.state, params.initial_state(at_ns));
@@ -281,8 +282,8 @@ pub(super) enum OverCapacity {
 }
 
 /// When `need` microtokens fit into both buckets of `ks` for `region` (the later of the two), from
-/// the decision core's exact refill (seed §8). The calendar quota is the caller's: its wait is
-/// the period's end.
+/// the decision core's exact refill (design §10 "Algorithms"). The calendar quota is the caller's:
+/// its wait is the period's end.
 pub(super) fn wait_for(
     ks: &mut KeyState,
     region: &str,

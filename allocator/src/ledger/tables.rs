@@ -1,4 +1,5 @@
-//! Bounded client-keyed tables (issue 10 item 11; seed §3: state per key must be bounded).
+//! Bounded client-keyed tables (issue 10 item 11; design §10 "Keys": state per key must be
+//! bounded).
 //!
 //! Clients choose key strings, region names and holder names, so every ledger table keyed by
 //! them has a cap:

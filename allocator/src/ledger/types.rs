@@ -30,7 +30,7 @@ pub struct ShareSpec {
     pub share: Share,
 }
 
-/// Ask for a batch of tokens (seed §21).
+/// Ask for a batch of tokens (design §3).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Acquire {
     /// Which global quota.
@@ -42,7 +42,7 @@ pub struct Acquire {
     /// Microtokens wanted over one lease period; > 0.
     pub want: u64,
     /// The holder's measured demand, microtokens per second; 0 when it does not know. Weighs
-    /// its region's claim in the division among regions (seed §20–22).
+    /// its region's claim in the division among regions (design §5).
     pub demand_per_s: u64,
     /// The refill rate the holder asks to accrue over its lease, microtokens per second; 0 for
     /// a plain grant (design §9).
@@ -51,7 +51,7 @@ pub struct Acquire {
     pub request_id: String,
 }
 
-/// Decide one request centrally (seed §13): debit `cost` from every source at once, or nothing.
+/// Decide one request centrally (design §2): debit `cost` from every source at once, or nothing.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Decide {
     /// Which global quota.
@@ -79,7 +79,7 @@ pub enum Command {
         /// first success, applied once (`admin`); empty: no deduplication.
         request_id: String,
     },
-    /// Set a policy's regional shares (versioned handoff, seed §22).
+    /// Set a policy's regional shares (versioned handoff, design §5).
     SetShares {
         /// Policy (rule) name.
         policy: String,
@@ -216,7 +216,7 @@ pub enum Response {
     Rejected(LedgerError),
 }
 
-/// Per-region view of one policy key (seed §23: the overshoot bound as a number).
+/// Per-region view of one policy key (design §6: the overshoot bound as a number).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RegionStatus {
     /// Region name.

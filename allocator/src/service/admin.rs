@@ -41,7 +41,7 @@ impl AllocatorService {
         }
     }
 
-    /// SetShares: set a policy's regional shares (versioned handoff, seed §22).
+    /// SetShares: set a policy's regional shares (versioned handoff, design §5).
     pub(super) async fn serve_set_shares(
         &self,
         req: Request<pb::SetSharesRequest>,

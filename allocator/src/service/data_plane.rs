@@ -21,7 +21,7 @@ use tonic::{Request, Response, Status};
 pub const MAX_BATCH_ITEMS: usize = 4_096;
 
 impl AllocatorService {
-    /// Acquire: lease a batch of tokens (seed §21), committed before the answer.
+    /// Acquire: lease a batch of tokens (design §3), committed before the answer.
     pub(super) async fn serve_acquire(
         &self,
         req: Request<pb::AcquireRequest>,
@@ -85,7 +85,7 @@ impl AllocatorService {
         }
     }
 
-    /// Decide: one request decided centrally (seed §13), committed before the answer.
+    /// Decide: one request decided centrally (design §2), committed before the answer.
     pub(super) async fn serve_decide(
         &self,
         req: Request<pb::DecideRequest>,

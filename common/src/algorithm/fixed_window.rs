@@ -1,4 +1,4 @@
-//! Fixed window (seed §5): one counter per window aligned to the clock origin.
+//! Fixed window (design §10 "Algorithms"): one counter per window aligned to the clock origin.
 //!
 //! Admits at most L per aligned window; a short interval across a boundary may see up to 2L
 //! (the known boundary burst).

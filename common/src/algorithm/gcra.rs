@@ -1,4 +1,4 @@
-//! GCRA (seed §10): one theoretical arrival time (TAT) per key.
+//! GCRA (design §10 "Algorithms"): one theoretical arrival time (TAT) per key.
 //!
 //! Emission interval I = 1/r, burst tolerance τ = (B − 1)·I. A request of cost c at time t
 //! conforms when `max(TAT, t) + c·I − t ≤ B·I` (for c = 1 this is the usual `t ≥ TAT − τ`), and

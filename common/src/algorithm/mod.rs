@@ -1,4 +1,5 @@
-//! The five admission algorithms (seed §5–10) behind one trait, and the leaky-bucket shaper (§9).
+//! The five admission algorithms (design §10 "Algorithms") behind one trait, and the leaky-bucket
+//! shaper (§9).
 //!
 //! Every algorithm is a pure state machine over fixed-point integers: `now` is passed in, tokens
 //! are microtokens, products are formed in `u128` and never overflow for configurations within

@@ -8,7 +8,8 @@ use std::fmt;
 /// A refill rate as an exact ratio: `micros` microtokens every `per_ns` nanoseconds.
 ///
 /// Kept as a ratio in lowest terms (never divided out) so that rates like 3 per second or 7 per
-/// minute accumulate no rounding error however many small steps time advances in (seed §8).
+/// minute accumulate no rounding error however many small steps time advances in (design §10
+/// "Units and time").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct Rate {
     /// Microtokens added per period; > 0.
@@ -65,15 +66,15 @@ pub struct WindowParams {
 /// Which algorithm a limit uses (the `algorithm` field of a rule).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum AlgorithmKind {
-    /// Token bucket with lazy refill (seed §8).
+    /// Token bucket with lazy refill (design §10 "Algorithms").
     TokenBucket,
-    /// Generic cell rate algorithm (seed §10): same envelope as the token bucket.
+    /// Generic cell rate algorithm (design §10 "Algorithms"): same envelope as the token bucket.
     Gcra,
-    /// Fixed window aligned to the clock origin (seed §5).
+    /// Fixed window aligned to the clock origin (design §10 "Algorithms").
     FixedWindow,
-    /// Two-bucket sliding-window counter (seed §7).
+    /// Two-bucket sliding-window counter (design §10 "Algorithms").
     SlidingWindow,
-    /// Exact sliding log (seed §6).
+    /// Exact sliding log (design §10 "Algorithms").
     SlidingLog,
 }
 
@@ -280,7 +281,7 @@ impl LimitParams {
     }
 
     /// These parameters scaled by a share of `ppm` parts per million (a region's share of a
-    /// policy, seed §27): capacity or limit × ppm / 10⁶ (rounded down, saturating; exact for
+    /// policy, design §5): capacity or limit × ppm / 10⁶ (rounded down, saturating; exact for
     /// whole-token limits), the rate scaled as an exact ratio, window periods unchanged.
     /// `None` at 0 ppm, or when the scaled rate does not fit in 64-bit terms.
     pub fn scaled(&self, ppm: u32) -> Option<LimitParams> {

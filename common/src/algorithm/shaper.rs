@@ -1,6 +1,6 @@
-//! Leaky-bucket shaper, the queue form (seed §9): accepted work leaves a bounded queue at a
-//! constant rate. Instead of admitting or rejecting at once it answers *when* the work may start;
-//! when the queue would overflow it rejects.
+//! Leaky-bucket shaper, the queue form (design §10 "Algorithms"): accepted work leaves a bounded
+//! queue at a constant rate. Instead of admitting or rejecting at once it answers *when* the work
+//! may start; when the queue would overflow it rejects.
 //!
 //! Kept as a virtual schedule (the time the queue drains, in the same scaled units as GCRA), so a
 //! caller sleeps for the returned delay rather than parking the work in memory here.

@@ -1,4 +1,5 @@
-//! Exact sliding log (seed §6): an admitted event at time `e` counts while `e > now − P`.
+//! Exact sliding log (design §10 "Algorithms"): an admitted event at time `e` counts while
+//! `e > now − P`.
 //!
 //! Memory per key is O(events in the window); events at the same nanosecond are merged, so with
 //! whole-token costs a key holds at most L entries. The config layer caps L for this algorithm.

@@ -1,4 +1,4 @@
-//! Sliding-window counter with two buckets (seed §7):
+//! Sliding-window counter with two buckets (design §10 "Algorithms"):
 //! `estimate = current + previous × (1 − p)`, p the elapsed fraction of the current window.
 //!
 //! Computed exactly in integers scaled by the period: `estimate × P = cur × P + prev × (P − e)`.

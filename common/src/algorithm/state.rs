@@ -1,4 +1,5 @@
-//! Runtime dispatch over the five algorithms, and policy-change transitions (seed §28).
+//! Runtime dispatch over the five algorithms, and policy-change transitions (design §10 "Config
+//! versions").
 
 use super::{
     AlgorithmKind, FixedWindow, FixedWindowState, Gcra, GcraState, LimitParams, RateAlgorithm,
@@ -136,8 +137,8 @@ impl LimitParams {
         dispatch!(self, state, |alg, s| alg.is_idle(s, now), true)
     }
 
-    /// Carries a key's state from `old` parameters to these ones at time `at` (seed §28):
-    /// refill or age the state under `old` up to `at`; then
+    /// Carries a key's state from `old` parameters to these ones at time `at` (design §10 "Config
+    /// versions"): refill or age the state under `old` up to `at`; then
     /// * buckets (token bucket or GCRA, either way): lowering capacity clamps the tokens, raising
     ///   it adds the increase at once, the new rate applies from `at`;
     /// * windows and logs of the same algorithm keep their used counts and events;
@@ -226,10 +227,10 @@ impl LimitParams {
 }
 
 impl LimitParams {
-    /// Returns `micros` that were spent at `spent_at` but turned out unused (a released lease,
-    /// a settled reservation; seed §24). Never lifts a bucket above capacity; a window only gets
-    /// them back while the window they were spent in is still counted; a log is left as is
-    /// (logs are never leased).
+    /// Returns `micros` that were spent at `spent_at` but turned out unused (a released lease, a
+    /// settled reservation; design §10 "Refunds"). Never lifts a bucket above capacity; a window
+    /// only gets them back while the window they were spent in is still counted; a log is left as
+    /// is (logs are never leased).
     pub fn refund(&self, state: &mut LimitState, now: Nanos, micros: Micros, spent_at: Nanos) {
         match (self, state) {
             (LimitParams::TokenBucket { capacity, rate }, LimitState::TokenBucket(s)) => {

@@ -1,4 +1,5 @@
-//! Token bucket with lazy refill (seed §8): `T = min(B, T + r·(t − t_last))`, allow when `T ≥ c`.
+//! Token bucket with lazy refill (design §10 "Algorithms"):
+//! `T = min(B, T + r·(t − t_last))`, allow when `T ≥ c`.
 
 use super::{Rate, RateAlgorithm};
 use crate::decision::{Decision, RetryAfter};
@@ -68,7 +69,8 @@ impl TokenBucket {
         s.micros(self.rate)
     }
 
-    /// Adds `micros` back (a refund or a released allocation), never above capacity (seed §24).
+    /// Adds `micros` back (a refund or a released allocation), never above capacity (design §10
+    /// "Refunds").
     pub fn refund(&self, state: &mut TokenBucketState, now: Nanos, micros: Micros) {
         self.refill(state, now);
         let add = micros as u128 * self.rate.per_ns as u128;

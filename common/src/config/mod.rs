@@ -96,7 +96,7 @@ impl Unit {
     }
 }
 
-/// Where a limit is enforced (seed §12, §19–21).
+/// Where a limit is enforced (design §2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Scope {
     /// One global budget, leased to agents by the allocator.
@@ -106,7 +106,7 @@ pub enum Scope {
     Local,
 }
 
-/// What an agent does when its allocation is spent and the allocator is unreachable (seed §26).
+/// What an agent does when its allocation is spent and the allocator is unreachable (design §7).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum FailureMode {
     /// Deny (429 with Retry-After).
@@ -134,7 +134,7 @@ pub struct CalendarQuota {
     pub period: CalendarPeriod,
 }
 
-/// How the allocator leases a global limit (seed §21).
+/// How the allocator leases a global limit (design §3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LeaseSettings {
     /// Lease length in milliseconds (default 5 000).
@@ -169,11 +169,11 @@ pub const DEFAULT_MAX_HOLDERS: u64 = 1_024;
 /// per holder at the default `max_holders`).
 pub const DEFAULT_MAX_ALLOCATIONS: u64 = 4 * DEFAULT_MAX_HOLDERS;
 
-/// Largest `lease.max_regions`, `lease.max_holders` and `lease.max_allocations`: the allocator scans these tables on
-/// a key's grant path, so they stay small.
+/// Largest `lease.max_regions`, `lease.max_holders` and `lease.max_allocations`: the allocator
+/// scans these tables on a key's grant path, so they stay small.
 pub const MAX_TABLE_CAP: u64 = 1 << 16;
 
-/// A region's share of a global limit (seed §20).
+/// A region's share of a global limit (design §5).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RegionShare {
     /// Region name, e.g. `eu-west`.
@@ -182,7 +182,7 @@ pub struct RegionShare {
     pub share_ppm: u32,
 }
 
-/// How a global limit's regional shares divide it (seed §20–22).
+/// How a global limit's regional shares divide it (design §5).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub enum SharesMode {
     /// Shares are guaranteed minimums and weights: a region with demand gets at least its
@@ -220,13 +220,13 @@ pub enum RuleLimit {
 pub struct Rule {
     /// Canonical identity: domain and the (key, value-or-any) path, e.g.
     /// `acme|tenant|operation=search`. Two config versions with the same id have the same key
-    /// shape, so per-key state carries over between them (seed §28).
+    /// shape, so per-key state carries over between them (design §10 "Config versions").
     pub id: String,
     /// `rate_limit.name` when given, else the id; reported as the policy name.
     pub name: String,
     /// What it limits.
     pub limit: RuleLimit,
-    /// Decide and count, but always answer OK (seed §29).
+    /// Decide and count, but always answer OK (design §10 "All or nothing").
     pub shadow_mode: bool,
     /// Where it is enforced.
     pub scope: Scope,
@@ -234,10 +234,10 @@ pub struct Rule {
     pub failure_mode: FailureMode,
     /// Distinct keys kept at once.
     pub max_keys: u64,
-    /// Concurrency cap per key (seed §25): requests in flight at once, released when the
-    /// gateway reports the request done; `None` when not capped.
+    /// Concurrency cap per key (design §10 "Concurrency"): requests in flight at once, released
+    /// when the gateway reports the request done; `None` when not capped.
     pub max_in_flight: Option<u64>,
-    /// Local fuse (seed §19, §31 step 4): a loose token bucket an agent checks per key before
+    /// Local fuse (design §10 "Local fuse"): a loose token bucket an agent checks per key before
     /// spending leased tokens, so floods are rejected without touching the allocator. Same unit
     /// as the rule; `None` when not configured.
     pub fuse: Option<LimitParams>,
@@ -406,7 +406,7 @@ impl ConfigSet {
         self.domains.values()
     }
 
-    /// The same limits, every rule enforced with `scope` (seed §12): `Scope::Local` makes one
+    /// The same limits, every rule enforced with `scope` (design §2): `Scope::Local` makes one
     /// process the whole limiter, with no allocator, e.g. an agent replaying a trace on its own.
     pub fn with_scope(mut self, scope: Scope) -> ConfigSet {
         for d in self.domains.values_mut() {

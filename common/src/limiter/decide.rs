@@ -1,4 +1,5 @@
-//! The general decision path: any number of descriptors, decided all or nothing (seed §18).
+//! The general decision path: any number of descriptors, decided all or nothing (design §10 "All or
+//! nothing").
 //!
 //! [`Snapshot::decide_inner`] dispatches a one-descriptor request to the fast path in `single`
 //! and everything else here. One attempt ([`Snapshot::try_decide`]) runs these phases in order,

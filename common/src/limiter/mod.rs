@@ -1,11 +1,12 @@
 //! The keyed limiter: one decision function that the replay, the agent and any Rust gateway call.
 //!
-//! A request is decided all-or-nothing (seed §18): every descriptor is matched to its rule and
-//! key, the keys' slots are locked in address order (no deadlock, no lock held by anyone else),
-//! every limit is checked, and only when every enforced limit allows does anything spend. Shadow
-//! rules (seed §29) are decided and counted exactly like enforced ones but never deny.
-//! Config changes (seed §28) swap an immutable snapshot; per-key state of a rule whose key shape
-//! is unchanged carries over and is transitioned lazily at the snapshot's activation time.
+//! A request is decided all-or-nothing (design §10 "All or nothing"): every descriptor is matched
+//! to its rule and key, the keys' slots are locked in address order (no deadlock, no lock held by
+//! anyone else), every limit is checked, and only when every enforced limit allows does anything
+//! spend. Shadow rules (design §10 "All or nothing") are decided and counted exactly like enforced
+//! ones but never deny. Config changes (design §10 "Config versions") swap an immutable snapshot;
+//! per-key state of a rule whose key shape is unchanged carries over and is transitioned lazily at
+//! the snapshot's activation time.
 //!
 //! One concept per file:
 //! * `outcome`: the answer types ([`Outcome`], [`DescriptorStatus`], [`Code`],
@@ -14,7 +15,7 @@
 //! * `decide`: the general all-or-nothing path, phase by phase, with its control flow in
 //!   [`Snapshot::decide_with`]'s dispatcher;
 //! * `single`: the single-descriptor fast path, held equal to the general one by a property test;
-//! * `refund`: giving back unused cost (seed §24), the one home of refunds;
+//! * `refund`: giving back unused cost (design §10 "Refunds"), the one home of refunds;
 //! * `null`: the backend of [`Limiter::decide`], where no rule is leased.
 
 mod decide;
@@ -83,7 +84,7 @@ impl Limiter {
     }
 
     /// Gives back unused cost of an admitted request with the current config version; see
-    /// [`Snapshot::refund`] (seed §24), the one home of refunds.
+    /// [`Snapshot::refund`] (design §10 "Refunds"), the one home of refunds.
     ///
     /// # Errors
     /// [`RequestError`] for an invalid request or unknown domain (nothing changes).

@@ -30,10 +30,10 @@ pub enum Reason {
     OverLimit,
     /// The cost exceeds the limit's capacity: it can never pass.
     CostExceedsCapacity,
-    /// The rule's key table is full of active keys (memory bound, seed §3).
+    /// The rule's key table is full of active keys (memory bound, design §10 "Keys").
     KeyTableFull,
-    /// Every concurrency slot of the key is taken (`max_in_flight`, seed §25). Set by an agent,
-    /// which holds the slots; the limiter itself never answers it.
+    /// Every concurrency slot of the key is taken (`max_in_flight`, design §10 "Concurrency"). Set
+    /// by an agent, which holds the slots; the limiter itself never answers it.
     ConcurrencyLimit,
 }
 

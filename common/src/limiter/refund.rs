@@ -1,6 +1,6 @@
-//! Giving back unused cost of an admitted request (seed §24: reserve the maximum, settle the
-//! actual). The one home of refunds: [`Limiter::refund`](super::Limiter::refund) loads the
-//! current snapshot and comes here.
+//! Giving back unused cost of an admitted request (design §10 "Refunds": reserve the maximum,
+//! settle the actual). The one home of refunds: [`Limiter::refund`](super::Limiter::refund) loads
+//! the current snapshot and comes here.
 
 use super::{Snapshot, SnapshotDomain};
 use crate::config::{RuleLimit, Scope};
@@ -10,8 +10,8 @@ use crate::units::{Micros, Nanos};
 
 impl Snapshot {
     /// Gives back unused cost with this config version, for a caller that decided with
-    /// [`decide_with`](Self::decide_with) on it: `unused[i]` microtokens to descriptor `i`'s
-    /// limit, which was spent at `spent_at` (seed §24). A bucket never rises above capacity; a
+    /// [`decide_with`](Self::decide_with) on it: `unused[i]` microtokens to descriptor `i`'s limit,
+    /// which was spent at `spent_at` (design §10 "Refunds"). A bucket never rises above capacity; a
     /// window gets them back only while it is current. Leased descriptors are refunded through
     /// `global` when given; unmatched, unlimited and missing (0) entries are skipped.
     ///

@@ -1,6 +1,6 @@
-//! Config versions (seed §28): an applied [`ConfigSet`] becomes an immutable [`Snapshot`]; key
-//! tables of rules whose id (key shape) is unchanged carry over, and their keys move to the new
-//! parameters lazily, at the snapshot's activation time.
+//! Config versions (design §10 "Config versions"): an applied [`ConfigSet`] becomes an immutable
+//! [`Snapshot`]; key tables of rules whose id (key shape) is unchanged carry over, and their keys
+//! move to the new parameters lazily, at the snapshot's activation time.
 
 use super::{Limiter, Map};
 use crate::config::{ConfigSet, DomainConfig, RuleLimit};

@@ -1,4 +1,5 @@
-//! Integration tests of the decision core (issue 2, "Tests"; seed §5–10, §28, §30).
+//! Integration tests of the decision core (issue 2, "Tests"; design §10 "Algorithms" and "Config
+//! versions").
 //!
 //! One test binary with modules. Every test drives time explicitly (a `now` argument or a
 //! [`ManualClock`](allot_common::ManualClock)); none sleeps. Every test asserts exact numbers.

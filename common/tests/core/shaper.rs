@@ -1,5 +1,5 @@
-//! The leaky-bucket shaper (seed §9): exact delays, a full queue rejects with an exact
-//! retry_after, a cost above the whole queue can never be accepted.
+//! The leaky-bucket shaper (design §10 "Algorithms"): exact delays, a full queue rejects with an
+//! exact retry_after, a cost above the whole queue can never be accepted.
 
 use crate::support::{MS, S, TOK};
 use allot_common::algorithm::{Rate, Shaped, Shaper};

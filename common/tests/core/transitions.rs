@@ -1,6 +1,7 @@
-//! Config changes through `Limiter::apply` (seed §28, acceptance "Config change"), exact numbers:
-//! lowering capacity clamps, raising adds the increase at once, a rate change refills at the old
-//! rate up to the change, windows keep their count, a change of family starts fresh.
+//! Config changes through `Limiter::apply` (design §10 "Config versions", acceptance "Config
+//! change"), exact numbers: lowering capacity clamps, raising adds the increase at once, a rate
+//! change refills at the old rate up to the change, windows keep their count, a change of family
+//! starts fresh.
 
 use crate::support::{ask, config, d, dh, limiter, params, peek, S, TOK};
 use allot_common::algorithm::AlgorithmKind;
