@@ -266,7 +266,7 @@ impl Enforcer {
         let now = self.clock.now();
         let bound = self.settings().cold_wait_ms.saturating_mul(NANOS_PER_MILLI);
         let mut asked: ArrayVec<_, MAX_DESCRIPTORS> = ArrayVec::new();
-        let mut in_flight: ArrayVec<_, MAX_DESCRIPTORS> = ArrayVec::new();
+        let mut calling: ArrayVec<_, MAX_DESCRIPTORS> = ArrayVec::new();
         for (i, d) in req.descriptors.iter().enumerate() {
             let Some(s) = statuses.get(i) else { break };
             if s.code != Code::OverLimit || s.shadow_mode {
@@ -290,7 +290,7 @@ impl Enforcer {
                     None => return Waited::Final, // stopping: nothing will be asked
                 }
             } else {
-                in_flight.push(kl);
+                calling.push(kl);
             }
         }
         let mut waited = Waited::Answered;
@@ -305,11 +305,11 @@ impl Enforcer {
                 waited = Waited::TimedOut;
             }
         }
-        for kl in in_flight {
+        for kl in calling {
             let p = &kl.value.protocol;
             // Register for the wake-up before checking, so a finish in between is not missed.
             let finished = p.finished();
-            if p.in_flight() && tokio::time::timeout_at(deadline, finished).await.is_err() {
+            if p.call_in_flight() && tokio::time::timeout_at(deadline, finished).await.is_err() {
                 waited = Waited::TimedOut;
             }
         }

@@ -6,18 +6,21 @@
 //! overshoot bound; [`slots`] holds concurrency slots (seed §25).
 //!
 //! The gateway-facing APIs in [`api`] (Envoy's RLS v3, native gRPC `allot.v1.Agent`, HTTP) only
-//! translate wire formats and call [`api::Gateway`], which decides with the one enforcer and
-//! tracks reservations and held slots ([`inflight`]); [`metrics`] exports Prometheus text through
-//! OpenTelemetry; [`server`] assembles and runs it all (the `allot-agent` binary).
+//! translate wire formats and call [`api::Decider`], which decides with the one enforcer and
+//! tracks reservations and held concurrency slots by request id ([`tracked`]); [`metrics`]
+//! exports Prometheus text through OpenTelemetry; [`server`] assembles and runs it all (the
+//! `allot-agent` binary).
+//!
+//! The decision path, file by file, is walked in [`lease::book::decision_path`].
 
 #![warn(missing_docs)]
 
 pub mod api;
 pub mod enforce;
-pub mod inflight;
 pub mod lease;
 pub mod metrics;
 pub mod server;
 pub mod slots;
+pub mod tracked;
 
 pub use enforce::Enforcer;

@@ -130,7 +130,7 @@ async fn run(cli: Cli) -> Result<()> {
     let mut agent = Agent::build(
         policies,
         lease,
-        r.file.gateway_settings(),
+        r.file.tracking_settings(),
         &r.allocators,
         Arc::new(MonotonicClock::new()),
     )?;
@@ -152,8 +152,8 @@ async fn run(cli: Cli) -> Result<()> {
     let (stop_serving, serving) = watch::channel(false);
     let (stop_background, background_shutdown) = watch::channel(false);
     let background = agent.spawn_background(background_shutdown);
-    let grpc_task = tokio::spawn(serve_grpc(grpc, agent.gateway.clone(), serving.clone()));
-    let http_task = tokio::spawn(serve_http(http, agent.gateway.clone(), serving));
+    let grpc_task = tokio::spawn(serve_grpc(grpc, agent.decider.clone(), serving.clone()));
+    let http_task = tokio::spawn(serve_http(http, agent.decider.clone(), serving));
     if let Some(path) = &r.ready_file {
         // Both listeners are bound (connections queue until the servers accept them).
         write_ready_file(path, &format!("grpc {grpc_bound}\nhttp {http_bound}\n"))

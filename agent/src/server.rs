@@ -5,7 +5,7 @@
 use crate::api::http::router;
 use crate::api::native::NativeService;
 use crate::api::rls::RlsService;
-use crate::api::{Gateway, GatewaySettings};
+use crate::api::{Decider, TrackingSettings};
 use crate::enforce::Enforcer;
 use crate::lease::book::leased;
 use crate::lease::{AllocatorLink, LeaseBook, LeaseEvent, LeaseManager, LeaseSettings, LinkError};
@@ -84,11 +84,11 @@ pub struct LeaseFile {
     pub demote_tokens: Option<u64>,
 }
 
-/// `gateway:` of the settings file (see [`GatewaySettings`]).
+/// `gateway:` of the settings file (see [`TrackingSettings`]).
 #[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 #[allow(missing_docs)]
-pub struct GatewayFile {
+pub struct TrackingFile {
     pub default_reserve_ttl_ms: Option<u64>,
     pub max_reserve_ttl_ms: Option<u64>,
     pub slot_ttl_ms: Option<u64>,
@@ -125,9 +125,10 @@ pub struct AgentFile {
     /// Lease settings.
     #[serde(default)]
     pub lease: LeaseFile,
-    /// Gateway settings.
+    /// Request tracking settings (the `gateway:` section: requests tracked by id, reservations
+    /// and held concurrency slots; see [`TrackingSettings`]).
     #[serde(default)]
-    pub gateway: GatewayFile,
+    pub gateway: TrackingFile,
 }
 
 impl AgentFile {
@@ -195,9 +196,9 @@ impl AgentFile {
         s
     }
 
-    /// Gateway settings with this file's overrides on the defaults.
-    pub fn gateway_settings(&self) -> GatewaySettings {
-        let mut s = GatewaySettings::default();
+    /// Request tracking settings with this file's overrides on the defaults.
+    pub fn tracking_settings(&self) -> TrackingSettings {
+        let mut s = TrackingSettings::default();
         let g = &self.gateway;
         if let Some(v) = g.default_reserve_ttl_ms {
             s.default_reserve_ttl_ms = v;
@@ -221,7 +222,7 @@ impl AgentFile {
 /// A built agent, not yet running its background tasks.
 pub struct Agent {
     /// What the adapters call.
-    pub gateway: Arc<Gateway>,
+    pub decider: Arc<Decider>,
     events: Option<mpsc::UnboundedReceiver<LeaseEvent>>,
     link: Option<Arc<AllocatorLink>>,
 }
@@ -241,7 +242,7 @@ impl Agent {
     pub fn build(
         policies: ConfigSet,
         lease: LeaseSettings,
-        gateway: GatewaySettings,
+        tracking: TrackingSettings,
         allocators: &[String],
         clock: Arc<dyn Clock>,
     ) -> Result<Self, AgentError> {
@@ -271,7 +272,7 @@ impl Agent {
         let enforcer = Arc::new(Enforcer::new(policies, book.clone()));
         let metrics = Arc::new(Metrics::new(book)?);
         Ok(Agent {
-            gateway: Arc::new(Gateway::new(enforcer, metrics, gateway)),
+            decider: Arc::new(Decider::new(enforcer, metrics, tracking)),
             // Without an allocator nothing is leased, so no lease event is ever sent.
             events: link.is_some().then_some(rx),
             link,
@@ -284,12 +285,12 @@ impl Agent {
     pub fn spawn_background(&mut self, shutdown: watch::Receiver<bool>) -> JoinHandle<()> {
         let manager = match (self.link.clone(), self.events.take()) {
             (Some(link), Some(events)) => {
-                let m = LeaseManager::new(self.gateway.enforcer().book().clone(), link);
+                let m = LeaseManager::new(self.decider.enforcer().book().clone(), link);
                 Some(tokio::spawn(m.run(events, shutdown.clone())))
             }
             _ => None,
         };
-        let sweeper = spawn_sweeper(self.gateway.clone(), shutdown);
+        let sweeper = spawn_sweeper(self.decider.clone(), shutdown);
         tokio::spawn(async move {
             if let Some(m) = manager {
                 let _ = m.await;
@@ -300,13 +301,13 @@ impl Agent {
 }
 
 /// Expires abandoned reservations and forgotten slots once a second until `shutdown`.
-pub fn spawn_sweeper(gateway: Arc<Gateway>, mut shutdown: watch::Receiver<bool>) -> JoinHandle<()> {
+pub fn spawn_sweeper(decider: Arc<Decider>, mut shutdown: watch::Receiver<bool>) -> JoinHandle<()> {
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
-                _ = tick.tick() => gateway.sweep(),
+                _ = tick.tick() => decider.sweep(),
                 r = shutdown.changed() => if r.is_err() || *shutdown.borrow() { break },
             }
         }
@@ -349,7 +350,7 @@ fn decode_errors_are_invalid_argument<B>(
 /// The transport error that stopped the server.
 pub async fn serve_grpc(
     listener: TcpListener,
-    gateway: Arc<Gateway>,
+    decider: Arc<Decider>,
     shutdown: watch::Receiver<bool>,
 ) -> Result<(), tonic::transport::Error> {
     tonic::transport::Server::builder()
@@ -357,8 +358,8 @@ pub async fn serve_grpc(
         .layer(tower::util::MapResponseLayer::new(
             decode_errors_are_invalid_argument::<tonic::body::Body>,
         ))
-        .add_service(RlsService::new(gateway.clone()).into_server())
-        .add_service(NativeService::new(gateway).into_server())
+        .add_service(RlsService::new(decider.clone()).into_server())
+        .add_service(NativeService::new(decider).into_server())
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown_signal(shutdown))
         .await
 }
@@ -369,10 +370,10 @@ pub async fn serve_grpc(
 /// The I/O error that stopped the server.
 pub async fn serve_http(
     listener: TcpListener,
-    gateway: Arc<Gateway>,
+    decider: Arc<Decider>,
     shutdown: watch::Receiver<bool>,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(gateway))
+    axum::serve(listener, router(decider))
         .with_graceful_shutdown(shutdown_signal(shutdown))
         .await
 }
@@ -417,7 +418,7 @@ mod tests {
             (l.cold_wait_ms, l.emergency_ppm, l.report_interval_ms),
             (50, 0, 1_000)
         );
-        assert_eq!(f.gateway_settings().slot_ttl_ms, 7);
+        assert_eq!(f.tracking_settings().slot_ttl_ms, 7);
         let e = AgentFile::parse("agent_idd: x\n", Path::new("agent.yaml")).unwrap_err();
         assert!(e.to_string().contains("agent_idd"), "{e}");
         assert_eq!(

@@ -77,7 +77,7 @@ impl SlotTables {
     }
 }
 
-/// What [`Slots::acquire`] found.
+/// What [`SlotTables::acquire`] found.
 #[derive(Debug)]
 pub enum SlotOutcome {
     /// The rule has no concurrency cap.

@@ -19,7 +19,7 @@ use crate::replay::{code_str, Decided, Decider, StatusLine};
 use crate::wire::OwnedRequest;
 use allot_agent::api::native::NativeService;
 use allot_agent::api::rls::RlsService;
-use allot_agent::api::GatewaySettings;
+use allot_agent::api::TrackingSettings;
 use allot_agent::lease::LeaseSettings;
 use allot_agent::server::Agent;
 use allot_common::clock::{Clock, ManualClock};
@@ -58,7 +58,7 @@ impl AgentDecider {
             Agent::build(
                 set.clone().with_scope(Scope::Local),
                 LeaseSettings::new(id, "replay"),
-                GatewaySettings::default(),
+                TrackingSettings::default(),
                 &[],
                 shared,
             )
@@ -66,8 +66,8 @@ impl AgentDecider {
         };
         let (native_agent, rls_agent) = (build("replay-native")?, build("replay-rls")?);
         Ok(AgentDecider {
-            native: NativeService::new(native_agent.gateway.clone()),
-            rls: RlsService::new(rls_agent.gateway.clone()),
+            native: NativeService::new(native_agent.decider.clone()),
+            rls: RlsService::new(rls_agent.decider.clone()),
             native_agent,
             rls_agent,
             clock,
@@ -82,7 +82,7 @@ impl Decider for AgentDecider {
     fn apply(&mut self, set: ConfigSet, now_ns: Nanos) -> Result<()> {
         self.clock.set(now_ns);
         for a in [&self.native_agent, &self.rls_agent] {
-            a.gateway.apply(set.clone().with_scope(Scope::Local));
+            a.decider.apply(set.clone().with_scope(Scope::Local));
         }
         Ok(())
     }

@@ -1,9 +1,9 @@
 //! Why an API call was refused, and the gRPC status that says so.
 
-use crate::inflight::InFlightError;
+use crate::tracked::TrackingError;
 use allot_common::descriptor::RequestError;
 
-/// Why a gateway call was refused. Nothing is spent for any of these.
+/// Why a call of the [`Decider`](super::Decider) was refused. Nothing is spent for any of these.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ApiError {
     /// The request is malformed (sizes, emptiness, costs, unknown domain).
@@ -12,9 +12,9 @@ pub enum ApiError {
     /// A field could not be read (wire-format problem), with the field named.
     #[error("{0}")]
     Malformed(String),
-    /// Reservations and in-flight tracking.
+    /// Request tracking by id (reservations, held concurrency slots).
     #[error(transparent)]
-    InFlight(#[from] InFlightError),
+    Tracking(#[from] TrackingError),
 }
 
 impl ApiError {
@@ -24,7 +24,7 @@ impl ApiError {
             self,
             ApiError::Invalid(_)
                 | ApiError::Malformed(_)
-                | ApiError::InFlight(InFlightError::NotAReservation(_))
+                | ApiError::Tracking(TrackingError::NotAReservation(_))
         )
     }
 }
@@ -34,12 +34,12 @@ impl From<ApiError> for tonic::Status {
         let msg = e.to_string();
         match e {
             _ if e.is_invalid_argument() => tonic::Status::invalid_argument(msg),
-            ApiError::InFlight(InFlightError::NotFound(_)) => tonic::Status::not_found(msg),
-            ApiError::InFlight(InFlightError::Expired(_)) => {
+            ApiError::Tracking(TrackingError::NotFound(_)) => tonic::Status::not_found(msg),
+            ApiError::Tracking(TrackingError::Expired(_)) => {
                 tonic::Status::failed_precondition(msg)
             }
-            ApiError::InFlight(InFlightError::InProgress(_)) => tonic::Status::aborted(msg),
-            ApiError::InFlight(InFlightError::TooMany { .. }) => {
+            ApiError::Tracking(TrackingError::InProgress(_)) => tonic::Status::aborted(msg),
+            ApiError::Tracking(TrackingError::TooMany { .. }) => {
                 tonic::Status::resource_exhausted(msg)
             }
             _ => tonic::Status::internal(msg),

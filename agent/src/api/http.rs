@@ -10,11 +10,11 @@
 
 use super::native::decision;
 use super::{
-    borrow_descriptors, borrow_entries, rate_limit_headers, request_cost, ApiError, Gateway,
+    borrow_descriptors, borrow_entries, rate_limit_headers, request_cost, ApiError, Decider,
     Verdict, WireDescriptor, WireEntry,
 };
-use crate::inflight::InFlightError;
 use crate::metrics::allocations_held;
+use crate::tracked::TrackingError;
 use allot_common::descriptor::{Entry, Request};
 use allot_common::units::{Micros, MICROS_PER_TOKEN, NANOS_PER_MILLI};
 use allot_proto::allot::v1 as pb;
@@ -206,10 +206,10 @@ pub fn json_decision(v: &Verdict) -> JsonDecision {
 fn error_response(e: &ApiError) -> Response {
     let (status, kind) = match e {
         _ if e.is_invalid_argument() => (StatusCode::BAD_REQUEST, "invalid_argument"),
-        ApiError::InFlight(InFlightError::NotFound(_)) => (StatusCode::NOT_FOUND, "not_found"),
-        ApiError::InFlight(InFlightError::Expired(_)) => (StatusCode::GONE, "expired"),
-        ApiError::InFlight(InFlightError::InProgress(_)) => (StatusCode::CONFLICT, "in_progress"),
-        ApiError::InFlight(InFlightError::TooMany { .. }) => {
+        ApiError::Tracking(TrackingError::NotFound(_)) => (StatusCode::NOT_FOUND, "not_found"),
+        ApiError::Tracking(TrackingError::Expired(_)) => (StatusCode::GONE, "expired"),
+        ApiError::Tracking(TrackingError::InProgress(_)) => (StatusCode::CONFLICT, "in_progress"),
+        ApiError::Tracking(TrackingError::TooMany { .. }) => {
             (StatusCode::SERVICE_UNAVAILABLE, "too_many_in_flight")
         }
         _ => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
@@ -223,7 +223,7 @@ fn error_response(e: &ApiError) -> Response {
 
 // The error is the finished 400 response, returned at once: boxing it would buy nothing.
 #[allow(clippy::result_large_err)]
-fn parse<T: serde::de::DeserializeOwned>(g: &Gateway, body: &[u8]) -> Result<T, Response> {
+fn parse<T: serde::de::DeserializeOwned>(g: &Decider, body: &[u8]) -> Result<T, Response> {
     serde_json::from_slice(body).map_err(|e| {
         g.count_invalid();
         error_response(&ApiError::Malformed(format!("malformed JSON body: {e}")))
@@ -269,7 +269,7 @@ fn decided(v: &Verdict, extra: Option<Value>) -> Response {
 /// The cost (as field `cost_field`) and borrowed entries of a check or reserve body; an invalid
 /// one is counted and answered with 400.
 fn read_wire<'b>(
-    g: &Gateway,
+    g: &Decider,
     b: &'b CheckBody,
     cost_field: &str,
 ) -> Result<(Option<u64>, Vec<Entry<'b>>), Box<Response>> {
@@ -281,7 +281,7 @@ fn read_wire<'b>(
         })
 }
 
-async fn check(State(g): State<Arc<Gateway>>, body: Bytes) -> Response {
+async fn check(State(g): State<Arc<Decider>>, body: Bytes) -> Response {
     let b: CheckBody = match parse(&g, &body) {
         Ok(b) => b,
         Err(r) => return r,
@@ -302,7 +302,7 @@ async fn check(State(g): State<Arc<Gateway>>, body: Bytes) -> Response {
     }
 }
 
-async fn reserve(State(g): State<Arc<Gateway>>, body: Bytes) -> Response {
+async fn reserve(State(g): State<Arc<Decider>>, body: Bytes) -> Response {
     let b: CheckBody = match parse(&g, &body) {
         Ok(b) => b,
         Err(r) => return r,
@@ -332,7 +332,7 @@ async fn reserve(State(g): State<Arc<Gateway>>, body: Bytes) -> Response {
     }
 }
 
-async fn settle(State(g): State<Arc<Gateway>>, body: Bytes) -> Response {
+async fn settle(State(g): State<Arc<Decider>>, body: Bytes) -> Response {
     let b: SettleBody = match parse(&g, &body) {
         Ok(b) => b,
         Err(r) => return r,
@@ -348,7 +348,7 @@ async fn settle(State(g): State<Arc<Gateway>>, body: Bytes) -> Response {
     }
 }
 
-async fn done(State(g): State<Arc<Gateway>>, body: Bytes) -> Response {
+async fn done(State(g): State<Arc<Decider>>, body: Bytes) -> Response {
     let b: DoneBody = match parse(&g, &body) {
         Ok(b) => b,
         Err(r) => return r,
@@ -366,7 +366,7 @@ fn tokens(m: Micros) -> f64 {
 
 /// The `/v1/status` document: allocations held per key (microtokens), the overshoot bound,
 /// whether the allocator is reachable, concurrency slots in use, tracked requests.
-pub fn status(g: &Gateway) -> Value {
+pub fn status(g: &Decider) -> Value {
     let e = g.enforcer();
     let book = e.book();
     let now = e.clock().now();
@@ -438,11 +438,11 @@ pub fn status(g: &Gateway) -> Value {
     })
 }
 
-async fn status_page(State(g): State<Arc<Gateway>>) -> Response {
+async fn status_page(State(g): State<Arc<Decider>>) -> Response {
     Json(status(&g)).into_response()
 }
 
-async fn metrics(State(g): State<Arc<Gateway>>) -> Response {
+async fn metrics(State(g): State<Arc<Decider>>) -> Response {
     match g.metrics().encode() {
         Ok(text) => (
             [(
@@ -456,8 +456,8 @@ async fn metrics(State(g): State<Arc<Gateway>>) -> Response {
     }
 }
 
-/// The HTTP routes over `gateway`.
-pub fn router(gateway: Arc<Gateway>) -> Router {
+/// The HTTP routes over `decider`.
+pub fn router(decider: Arc<Decider>) -> Router {
     Router::new()
         .route("/v1/check", post(check))
         .route("/v1/reserve", post(reserve))
@@ -466,5 +466,5 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
         .route("/v1/status", get(status_page))
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
-        .with_state(gateway)
+        .with_state(decider)
 }

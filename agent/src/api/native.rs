@@ -1,8 +1,8 @@
 //! The native gRPC service `allot.v1.Agent` (proto/allot/v1/agent.proto): Check, Reserve,
-//! Settle and Done over the [`Gateway`]. Costs are whole tokens; times milliseconds.
+//! Settle and Done over the [`Decider`]. Costs are whole tokens; times milliseconds.
 
 use super::{
-    borrow_descriptors, borrow_entries, ms_ceil, request_cost, rule_limit, ApiError, Gateway,
+    borrow_descriptors, borrow_entries, ms_ceil, request_cost, rule_limit, ApiError, Decider,
     Verdict, WireDescriptor, WireEntry,
 };
 use allot_common::descriptor::Request;
@@ -31,10 +31,10 @@ impl WireDescriptor for pb::RequestDescriptor {
     }
 }
 
-/// The `allot.v1.Agent` service over a [`Gateway`].
+/// The `allot.v1.Agent` service over a [`Decider`].
 #[derive(Debug, Clone)]
 pub struct NativeService {
-    gateway: Arc<Gateway>,
+    decider: Arc<Decider>,
 }
 
 /// The proto code of a core code.
@@ -111,9 +111,9 @@ pub fn decision(v: &Verdict) -> pb::Decision {
 }
 
 impl NativeService {
-    /// A service deciding with `gateway`.
-    pub fn new(gateway: Arc<Gateway>) -> Self {
-        NativeService { gateway }
+    /// A service deciding with `decider`.
+    pub fn new(decider: Arc<Decider>) -> Self {
+        NativeService { decider }
     }
 
     /// The tonic server for this service.
@@ -122,7 +122,7 @@ impl NativeService {
     }
 
     fn invalid<T>(&self, r: Result<T, ApiError>) -> Result<T, ApiError> {
-        r.inspect_err(|_| self.gateway.count_invalid())
+        r.inspect_err(|_| self.decider.count_invalid())
     }
 }
 
@@ -141,7 +141,7 @@ impl Agent for NativeService {
             descriptors: &descriptors,
             hits_addend: hits,
         };
-        let v = self.gateway.check(&req, Some(&r.request_id)).await?;
+        let v = self.decider.check(&req, Some(&r.request_id)).await?;
         Ok(Response::new(pb::CheckResponse {
             decision: Some(decision(&v)),
         }))
@@ -161,7 +161,7 @@ impl Agent for NativeService {
             hits_addend: hits,
         };
         let res = self
-            .gateway
+            .decider
             .reserve(&req, Some(&r.request_id), r.ttl_ms)
             .await?;
         Ok(Response::new(pb::ReserveResponse {
@@ -179,7 +179,7 @@ impl Agent for NativeService {
         if r.reservation_id.is_empty() {
             return Err(Status::invalid_argument("reservation_id is empty"));
         }
-        let s = self.gateway.settle(&r.reservation_id, r.actual_cost)?;
+        let s = self.decider.settle(&r.reservation_id, r.actual_cost)?;
         Ok(Response::new(pb::SettleResponse {
             refunded: s.refunded,
             already_settled: s.already_settled,
@@ -196,7 +196,7 @@ impl Agent for NativeService {
             return Err(Status::invalid_argument("request_id is empty"));
         }
         Ok(Response::new(pb::DoneResponse {
-            released_slots: self.gateway.done(&r.request_id),
+            released_slots: self.decider.done(&r.request_id),
         }))
     }
 }

@@ -1,8 +1,9 @@
 //! Settings of request tracking by the API facade.
 
-/// Settings of the gateway layer (request tracking), in milliseconds.
+/// Settings of request tracking by request id (reservations, held concurrency slots, tombstones),
+/// in milliseconds; the `gateway:` section of the settings file.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GatewaySettings {
+pub struct TrackingSettings {
     /// A reservation's lifetime when the Reserve does not say, ms (default 30 000).
     pub default_reserve_ttl_ms: u64,
     /// Longest lifetime a Reserve may ask for, ms (default 3 600 000).
@@ -17,9 +18,9 @@ pub struct GatewaySettings {
     pub max_tracked: usize,
 }
 
-impl Default for GatewaySettings {
+impl Default for TrackingSettings {
     fn default() -> Self {
-        GatewaySettings {
+        TrackingSettings {
             default_reserve_ttl_ms: 30_000,
             max_reserve_ttl_ms: 3_600_000,
             slot_ttl_ms: 60_000,

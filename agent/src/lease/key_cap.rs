@@ -70,7 +70,7 @@ impl KeyCap {
 /// A key that can be forgotten at `now` without losing a token, a report or a call's answer.
 fn idle(v: &KeyLease, now: Nanos) -> bool {
     v.allocations().is_empty()
-        && !v.protocol.in_flight()
+        && !v.protocol.call_in_flight()
         && now.saturating_sub(v.last_used.load(Ordering::Relaxed)) >= SWEEP_BACKOFF_NS
 }
 

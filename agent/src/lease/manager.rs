@@ -5,11 +5,13 @@
 //!
 //! Work is queued ([`WorkQueue`]: urgent Decides and Acquires, routine Reports and Releases) and
 //! sent in `Batch` calls ([`Dispatcher`]), up to [`MAX_CALLS_IN_FLIGHT`] at once: at once while a
-//! slot is free (a lone request pays one round trip), else with everything queued meanwhile when
-//! a call returns — so a tick's reports and releases for every key travel in one `Batch`, and
-//! the Decides and Acquires of concurrent requests share calls without waiting behind a whole
-//! previous call's round trip and commit. One slot is kept for urgent work. After a call no
-//! allocator answered, the next waits a jittered, growing backoff ([`Backoff`]).
+//! call slot is free (a lone request pays one round trip), else with everything queued meanwhile
+//! when a call returns — so a tick's reports and releases for every key travel in one `Batch`,
+//! and the Decides and Acquires of concurrent requests share calls without waiting behind a
+//! whole previous call's round trip and commit. One call slot is kept for urgent work (call
+//! slots are allocator calls, not the concurrency slots of `max_in_flight`:
+//! [`slots`](crate::slots)). After a call no allocator answered, the next waits a jittered,
+//! growing backoff ([`Backoff`]).
 
 use super::allocation::HeldAllocation;
 use super::backoff::Backoff;
@@ -70,7 +72,7 @@ impl LeaseManager {
 
     /// Serves lease events and runs maintenance every report interval until `shutdown` turns
     /// true (or every sender is gone); then releases every allocation with its final spend.
-    /// Up to [`MAX_CALLS_IN_FLIGHT`] calls are in flight at once, one slot kept for urgent
+    /// Up to [`MAX_CALLS_IN_FLIGHT`] calls are in flight at once, one call slot kept for urgent
     /// work (Decides, Acquires): a decision never waits behind another call's round trip.
     pub async fn run(
         self,
@@ -113,8 +115,9 @@ impl LeaseManager {
         me.release_all().await;
     }
 
-    /// Starts calls for the queued work while a slot is free; a call of routine work only
-    /// (Reports, Releases) never takes the last slot. `generation`: the current pause count.
+    /// Starts calls for the queued work while a call slot is free; a call of routine work
+    /// only (Reports, Releases) never takes the last call slot. `generation`: the current
+    /// pause count.
     fn launch(self: &Arc<Self>, calls: &mut JoinSet<(u64, bool)>, generation: u64) {
         while calls.len() < MAX_CALLS_IN_FLIGHT {
             let routine = calls.len() + 1 < MAX_CALLS_IN_FLIGHT;
@@ -182,7 +185,7 @@ impl LeaseManager {
             table.retain(|k| {
                 let v = &k.value;
                 !(v.allocations().is_empty()
-                    && !v.protocol.in_flight()
+                    && !v.protocol.call_in_flight()
                     && now.saturating_sub(v.last_used.load(Ordering::Relaxed)) > idle)
             });
         }

@@ -50,7 +50,7 @@ pub struct KeyProtocol {
     /// Serialises changes to `allocations` (manager only; the hot path never takes it).
     write: Mutex<()>,
     /// A call that can bring tokens (Acquire or Decide) is in flight.
-    in_flight: AtomicBool,
+    calling: AtomicBool,
     /// When the call in flight was sent, ns (a call outstanding past the wait bound counts as
     /// the allocator being unreachable for this key).
     sent_at: AtomicU64,
@@ -157,7 +157,7 @@ impl KeyProtocol {
         if now < down {
             return Standing::Unreachable(down);
         }
-        if self.in_flight.load(Ordering::Acquire) {
+        if self.calling.load(Ordering::Acquire) {
             let late = self
                 .sent_at
                 .load(Ordering::Relaxed)
@@ -184,12 +184,12 @@ impl KeyProtocol {
     pub fn begin_call(&self, now: Nanos) -> bool {
         if now < self.denied_until.load(Ordering::Relaxed)
             || now < self.unreachable_until.load(Ordering::Relaxed)
-            || self.in_flight.load(Ordering::Relaxed)
+            || self.calling.load(Ordering::Relaxed)
         {
             return false;
         }
         let won = self
-            .in_flight
+            .calling
             .compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed)
             .is_ok();
         if won {
@@ -199,8 +199,8 @@ impl KeyProtocol {
     }
 
     /// Whether a call for the key is in flight.
-    pub fn in_flight(&self) -> bool {
-        self.in_flight.load(Ordering::Acquire)
+    pub fn call_in_flight(&self) -> bool {
+        self.calling.load(Ordering::Acquire)
     }
 
     /// Whether any call for the key has finished.
@@ -224,7 +224,7 @@ impl KeyProtocol {
     }
 
     /// A future that completes when the key's call in flight finishes. Create it *before*
-    /// checking [`in_flight`](Self::in_flight), so a finish in between is not missed.
+    /// checking [`call_in_flight`](Self::call_in_flight), so a finish in between is not missed.
     pub fn finished(&self) -> Notified<'_> {
         self.ready.notified()
     }
@@ -280,7 +280,7 @@ impl KeyProtocol {
 
     fn end_call(&self) {
         self.answered.store(true, Ordering::Release);
-        self.in_flight.store(false, Ordering::Release);
+        self.calling.store(false, Ordering::Release);
         self.ready.notify_waiters();
     }
 }
@@ -298,7 +298,7 @@ mod tests {
         assert!(p.begin_call(10));
         assert!(!p.begin_call(11), "a call is in flight");
         p.record_denial(100);
-        assert!(p.answered() && !p.in_flight());
+        assert!(p.answered() && !p.call_in_flight());
         assert_eq!(p.standing(99, WAIT), Standing::Denied(100));
         assert!(!p.begin_call(99), "no call while the denial stands");
         assert_eq!(p.standing(100, WAIT), Standing::Ask);
@@ -380,7 +380,7 @@ mod tests {
         assert_eq!(ids, vec![1, 2, 3]);
         p.remove(2);
         assert_eq!(p.allocations().len(), 2);
-        assert_eq!((p.denied_until(), p.in_flight()), (0, false));
+        assert_eq!((p.denied_until(), p.call_in_flight()), (0, false));
     }
 
     #[test]
@@ -388,7 +388,7 @@ mod tests {
         let p = KeyProtocol::default();
         assert!(p.begin_call(0));
         p.install_denying(Arc::new(HeldAllocation::new(1, 1, 3, 50, 0, 1)), 10);
-        assert!(p.answered() && !p.in_flight());
+        assert!(p.answered() && !p.call_in_flight());
         assert_eq!(p.allocations().len(), 1);
         assert_eq!(p.standing(9, WAIT), Standing::Denied(10));
         assert!(!p.begin_call(9), "no call while the denial stands");

@@ -6,7 +6,7 @@
 //!
 //! A call takes urgent work first, so a decision never waits behind a tick's reports for
 //! thousands of keys; the manager keeps one call slot free of routine-only calls (see
-//! [`manager`](super::manager)), so urgent work always finds a slot. Each allocation has at most
+//! [`manager`](super::manager)), so urgent work always finds a call slot. Each allocation has at most
 //! one Report or Release queued *or in flight* ([`WorkQueue::settle`] ends it when its answer is
 //! applied): with several calls in flight, two cumulative spends of one allocation never race
 //! each other to the allocator.

@@ -172,7 +172,7 @@ fn cold_key_asks_once_and_is_denied_until_granted() {
     let (code, st, awaiting) = decide(&r, &[("tenant", "acme")], None);
     assert_eq!((code, awaiting), (Code::OverLimit, true));
     assert_eq!(st[0].retry_after, RetryAfter::After(100 * MS));
-    assert!(kl.value.protocol.in_flight(), "a call is under way");
+    assert!(kl.value.protocol.call_in_flight(), "a call is under way");
     // The allocator denies for 3 s: the denial is remembered; decisions are denied at once with
     // its Retry-After, counting down, and send nothing more.
     while r.events.try_recv().is_ok() {}

@@ -3,7 +3,7 @@
 //! `Decide` as the allocator's contract (`proto/allot/v1/allocator.proto`) defines them.
 
 use crate::support::*;
-use allot_agent::api::Gateway;
+use allot_agent::api::Decider;
 use allot_agent::lease::{AllocatorLink, HeldAllocation, LeaseBook, LeaseManager, LeaseSettings};
 use allot_agent::Enforcer;
 use allot_common::clock::{Clock, ManualClock};
@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// Decides one request of one token for `tenant=value`.
-async fn decide(g: &Gateway, value: &str) -> Code {
+async fn decide(g: &Decider, value: &str) -> Code {
     decide_tenant(g, value, None).await.code
 }
 
@@ -28,7 +28,7 @@ async fn served_fully(pool: u64) -> Served {
 }
 
 fn counters(r: &Rig) -> &allot_agent::lease::book::LeaseCounters {
-    &r.gateway.enforcer().book().counters
+    &r.decider.enforcer().book().counters
 }
 
 /// A lone request of a sparse key pays one round trip: one `Batch` carrying one `Decide`,
@@ -36,14 +36,14 @@ fn counters(r: &Rig) -> &allot_agent::lease::book::LeaseCounters {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lone_sparse_request_is_one_central_decision_in_one_call() {
     let s = served_fully(1_000).await;
-    assert_eq!(decide(&s.rig.gateway, "sparse").await, Code::Ok);
+    assert_eq!(decide(&s.rig.decider, "sparse").await, Code::Ok);
     assert_eq!(s.fake.decides.load(Ordering::SeqCst), 1);
     assert_eq!(s.fake.batches.load(Ordering::SeqCst), 1);
     assert_eq!(s.fake.acquires.load(Ordering::SeqCst), 0, "nothing leased");
     let c = counters(&s.rig);
     assert_eq!(c.central_admits.load(Ordering::SeqCst), 1);
     assert_eq!(
-        s.rig.gateway.enforcer().book().overshoot_bound(),
+        s.rig.decider.enforcer().book().overshoot_bound(),
         0,
         "a central decision adds nothing to the overshoot bound"
     );
@@ -56,7 +56,7 @@ async fn concurrent_sparse_requests_share_batches_and_match_the_central_counter(
     let s = served_fully(1_000).await;
     let mut tasks = Vec::new();
     for i in 0..200 {
-        let g = s.rig.gateway.clone();
+        let g = s.rig.decider.clone();
         tasks.push(tokio::spawn(
             async move { decide(&g, &format!("t{i}")).await },
         ));
@@ -84,7 +84,7 @@ async fn concurrent_sparse_requests_share_batches_and_match_the_central_counter(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn promotion_and_demotion_follow_demand_with_hysteresis() {
     let s = served_fully(1_000).await;
-    let (g, c) = (&s.rig.gateway, counters(&s.rig));
+    let (g, c) = (&s.rig.decider, counters(&s.rig));
     for i in 0..4 {
         assert_eq!(decide(g, "hot").await, Code::Ok, "central request {i}");
     }
@@ -132,7 +132,7 @@ async fn promotion_and_demotion_follow_demand_with_hysteresis() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_central_denial_is_remembered() {
     let s = served_fully(2).await;
-    let g = &s.rig.gateway;
+    let g = &s.rig.decider;
     // Two admitted, then denied; the pool holds 2 tokens.
     assert_eq!(decide(g, "a").await, Code::Ok);
     assert_eq!(decide(g, "b").await, Code::Ok);
@@ -190,7 +190,7 @@ async fn a_tick_reports_every_key_in_one_batch_per_1024_keys() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_central_key_whose_decides_fail_follows_its_failure_mode_alone() {
     let s = served_fully(1_000).await;
-    let g = &s.rig.gateway;
+    let g = &s.rig.decider;
     s.fake.failing.lock().unwrap().insert("down".into());
     let o = decide_tenant(g, "down", None).await;
     assert_eq!(o.code, Code::OverLimit);

@@ -16,11 +16,11 @@ async fn demand(pool: u64) -> Served {
 
 /// Decides one request of `cost` tokens for `tenant=value`.
 async fn check(r: &Rig, value: &str, cost: u64) -> Outcome {
-    decide_tenant(&r.gateway, value, Some(cost)).await
+    decide_tenant(&r.decider, value, Some(cost)).await
 }
 
 fn counter(r: &Rig, f: impl Fn(&allot_agent::lease::book::LeaseCounters) -> u64) -> u64 {
-    f(&r.gateway.enforcer().book().counters)
+    f(&r.decider.enforcer().book().counters)
 }
 
 /// A quiet tenant (one request every 3 s, leases of 1 s): every allocation has expired by the
@@ -55,7 +55,7 @@ async fn a_quiet_key_is_admitted_after_every_idle_longer_than_the_lease() {
     // then single calls; Decide once, then every key leased.
     assert_eq!(d.fake.batches.load(Ordering::Relaxed), 1);
     assert_eq!(d.fake.decides.load(Ordering::Relaxed), 1);
-    let metrics = r.gateway.metrics().encode().expect("metrics");
+    let metrics = r.decider.metrics().encode().expect("metrics");
     assert!(
         metrics.contains("allot_agent_lease_wait_seconds_count 6"),
         "{metrics}"
@@ -84,15 +84,15 @@ async fn an_exhausted_key_waits_for_its_next_allocation_instead_of_429() {
 async fn concurrent_requests_of_a_key_share_one_call() {
     let d = demand(1_000).await;
     let hold = d.fake.gate.write().await;
-    let gateway = d.rig.gateway.clone();
+    let decider = d.rig.decider.clone();
     let mut tasks = Vec::new();
     for _ in 0..8 {
-        let g = gateway.clone();
+        let g = decider.clone();
         tasks.push(tokio::spawn(async move {
             decide_tenant(&g, "shared", None).await.code
         }));
     }
-    let book = d.rig.gateway.enforcer().book().clone();
+    let book = d.rig.decider.enforcer().book().clone();
     assert!(eventually(10, || book.counters.cold_waits.load(Ordering::Relaxed) == 8).await);
     drop(hold);
     for t in tasks {
@@ -182,7 +182,7 @@ async fn a_short_grant_denies_the_waiters_it_does_not_cover_without_asking_again
     let gate = d.fake.gate.write().await;
     let mut tasks = Vec::new();
     for _ in 0..5 {
-        let g = r.gateway.clone();
+        let g = r.decider.clone();
         tasks.push(tokio::spawn(async move {
             decide_tenant(&g, "short", Some(1)).await.code
         }));

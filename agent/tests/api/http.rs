@@ -31,7 +31,7 @@ async fn send(r: &Rig, method: &str, path: &str, body: &str) -> Answer {
         .header("content-type", "application/json")
         .body(Body::from(body.to_string()))
         .unwrap();
-    let resp = router(r.gateway.clone()).oneshot(req).await.unwrap();
+    let resp = router(r.decider.clone()).oneshot(req).await.unwrap();
     let status = resp.status();
     let headers = resp.headers().clone();
     let bytes = resp.into_body().collect().await.unwrap().to_bytes();
@@ -303,7 +303,7 @@ fn raw_http(addr: std::net::SocketAddr, request: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn over_loopback_http() {
     let r = rig(LOCAL);
-    let servers = Servers::start(r.gateway.clone()).await;
+    let servers = Servers::start(r.decider.clone()).await;
     let body = check_body("net");
     let req = format!(
         "POST /v1/check HTTP/1.1\r\nHost: agent\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",

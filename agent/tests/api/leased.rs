@@ -6,7 +6,7 @@
 use crate::support::*;
 use allot_agent::api::http::router;
 use allot_agent::api::rls::RlsService;
-use allot_agent::api::GatewaySettings;
+use allot_agent::api::TrackingSettings;
 use allot_agent::lease::LeaseSettings;
 use allot_agent::server::{Agent, AgentError};
 use allot_common::clock::ManualClock;
@@ -78,7 +78,7 @@ async fn rls_one(svc: &RlsService, key: &str, value: &str) -> (i32, Vec<(String,
 async fn http_check(r: &Rig, key: &str, value: &str) -> (StatusCode, Option<String>, Value) {
     let body =
         json!({"domain": "api", "descriptors": [{"entries": [{"key": key, "value": value}]}]});
-    let resp = router(r.gateway.clone())
+    let resp = router(r.decider.clone())
         .oneshot(
             Request::builder()
                 .method("POST")
@@ -104,7 +104,7 @@ async fn http_check(r: &Rig, key: &str, value: &str) -> (StatusCode, Option<Stri
 
 /// Microtokens the agent can still spend for `key=value`.
 fn held(r: &Rig, key: &str, value: &str) -> u64 {
-    let status = allot_agent::api::http::status(&r.gateway);
+    let status = allot_agent::api::http::status(&r.decider);
     status["keys"]
         .as_array()
         .unwrap()
@@ -118,14 +118,14 @@ fn held(r: &Rig, key: &str, value: &str) -> u64 {
 async fn allocator_stopped_mid_run_then_failure_mode_deny() {
     let l = leased().await;
     let r = &l.rig;
-    let svc = RlsService::new(r.gateway.clone());
+    let svc = RlsService::new(r.decider.clone());
     // The first decision on a cold key waits for its first allocation.
     let (code, headers) = rls_one(&svc, "tenant", "a").await;
     assert_eq!(
         code,
         Code::Ok as i32,
         "{headers:?} {} acquires={}",
-        allot_agent::api::http::status(&r.gateway),
+        allot_agent::api::http::status(&r.decider),
         l.fake.acquires.load(Ordering::Relaxed)
     );
     assert!(
@@ -133,7 +133,7 @@ async fn allocator_stopped_mid_run_then_failure_mode_deny() {
         "{headers:?}"
     );
     assert_eq!(
-        r.gateway
+        r.decider
             .enforcer()
             .book()
             .counters
@@ -180,7 +180,7 @@ async fn allocator_stopped_mid_run_then_failure_mode_deny() {
         break;
     }
     assert_eq!(admitted, left, "every token held is still spendable");
-    assert!(eventually(5, || !r.gateway.enforcer().book().is_reachable()).await);
+    assert!(eventually(5, || !r.decider.enforcer().book().is_reachable()).await);
     for _ in 0..3 {
         let (status, retry, _) = http_check(r, "tenant", "a").await;
         assert_eq!(
@@ -188,7 +188,7 @@ async fn allocator_stopped_mid_run_then_failure_mode_deny() {
             (StatusCode::TOO_MANY_REQUESTS, Some("1"))
         );
     }
-    let c = &r.gateway.enforcer().book().counters;
+    let c = &r.decider.enforcer().book().counters;
     assert!(c.failure_denials.load(Ordering::Relaxed) >= 3);
     assert_eq!(c.emergency_admits.load(Ordering::Relaxed), 0);
     // Local descriptors keep working without the allocator.
@@ -207,7 +207,7 @@ async fn allocator_stopped_mid_run_then_failure_mode_deny() {
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
     assert!(recovered, "the agent did not recover");
-    assert!(r.gateway.enforcer().book().is_reachable());
+    assert!(r.decider.enforcer().book().is_reachable());
     let _ = l.stop.send(true);
 }
 
@@ -215,15 +215,15 @@ async fn allocator_stopped_mid_run_then_failure_mode_deny() {
 async fn allocator_stopped_then_emergency_is_bounded_and_counted() {
     let l = leased().await;
     let r = &l.rig;
-    let svc = RlsService::new(r.gateway.clone());
+    let svc = RlsService::new(r.decider.clone());
     assert_eq!(rls_one(&svc, "fleet", "f").await.0, Code::Ok as i32);
     l.fake.stop(&l.allocator);
-    assert!(eventually(5, || !r.gateway.enforcer().book().is_reachable()).await);
+    assert!(eventually(5, || !r.decider.enforcer().book().is_reachable()).await);
     let left = held(r, "fleet", "f") / T;
     for _ in 0..left {
         assert_eq!(rls_one(&svc, "fleet", "f").await.0, Code::Ok as i32);
     }
-    let before = r.gateway.enforcer().book().overshoot_bound();
+    let before = r.decider.enforcer().book().overshoot_bound();
     // Emergency (issue 10 item 4): the top 10% of the grant of 5 is its reserve; with the half
     // token left below it, one token, paced by a bucket of 10% of the policy's capacity of 10.
     let (code, _) = rls_one(&svc, "fleet", "f").await;
@@ -234,14 +234,14 @@ async fn allocator_stopped_then_emergency_is_bounded_and_counted() {
         headers.iter().any(|(k, _)| k == "retry-after"),
         "{headers:?}"
     );
-    let c = &r.gateway.enforcer().book().counters;
+    let c = &r.decider.enforcer().book().counters;
     assert_eq!(c.emergency_admits.load(Ordering::Relaxed), 1);
-    let after = r.gateway.enforcer().book().overshoot_bound();
+    let after = r.decider.enforcer().book().overshoot_bound();
     assert_eq!(
         after, before,
         "the emergency admission is spend of the granted reserve: inside the overshoot bound"
     );
-    let status = allot_agent::api::http::status(&r.gateway);
+    let status = allot_agent::api::http::status(&r.decider);
     assert_eq!(status["overshoot_bound_micros"], after);
     assert_eq!(status["allocator_reachable"], false);
     let _ = l.stop.send(true);
@@ -251,7 +251,7 @@ async fn allocator_stopped_then_emergency_is_bounded_and_counted() {
 async fn all_or_nothing_across_leased_and_local_descriptors() {
     let l = leased().await;
     let r = &l.rig;
-    let svc = RlsService::new(r.gateway.clone());
+    let svc = RlsService::new(r.decider.clone());
     let both = || rls("api", &[&[("tenant", "b")], &[("client", "y")]], 0);
     let resp = svc
         .should_rate_limit(tonic::Request::new(both()))
@@ -262,7 +262,7 @@ async fn all_or_nothing_across_leased_and_local_descriptors() {
         resp.overall_code,
         Code::Ok as i32,
         "{resp:?} {} {:?}",
-        allot_agent::api::http::status(&r.gateway),
+        allot_agent::api::http::status(&r.decider),
         l.fake.acquires
     );
     let before = held(r, "tenant", "b");
@@ -286,7 +286,7 @@ async fn all_or_nothing_across_leased_and_local_descriptors() {
 async fn graceful_shutdown_releases_allocations_with_their_final_spend() {
     let l = leased().await;
     let r = &l.rig;
-    let svc = RlsService::new(r.gateway.clone());
+    let svc = RlsService::new(r.decider.clone());
     for _ in 0..3 {
         assert_eq!(rls_one(&svc, "tenant", "s").await.0, Code::Ok as i32);
     }
@@ -306,7 +306,7 @@ fn a_leased_policy_needs_an_allocator() {
     let e = Agent::build(
         config,
         LeaseSettings::new("a", "r"),
-        GatewaySettings::default(),
+        TrackingSettings::default(),
         &[],
         Arc::new(ManualClock::new(0)),
     )

@@ -87,7 +87,7 @@ const OVER: i32 = pb::DecisionCode::OverLimit as i32;
 #[tokio::test]
 async fn check_answers_reason_policy_version_remaining_and_retry() {
     let r = rig(LOCAL);
-    let svc = NativeService::new(r.gateway.clone());
+    let svc = NativeService::new(r.decider.clone());
     for left in [2, 1, 0] {
         let d = check(&svc, vec![desc(&[("client", "c")], None)], 0, "").await;
         assert_eq!((d.code, d.remaining), (OK, Some(left)));
@@ -129,7 +129,7 @@ async fn check_answers_reason_policy_version_remaining_and_retry() {
 #[tokio::test]
 async fn reservations_settle_idempotently_and_refund_the_unused_cost() {
     let r = rig(LOCAL);
-    let svc = NativeService::new(r.gateway.clone());
+    let svc = NativeService::new(r.decider.clone());
     let res = reserve(&svc, 10, "job-1", 0).await.unwrap();
     assert_eq!(res.reservation_id, "job-1");
     assert_eq!(res.expires_in_ms, 30_000);
@@ -169,7 +169,7 @@ async fn reservations_settle_idempotently_and_refund_the_unused_cost() {
 #[tokio::test]
 async fn a_refund_never_lifts_a_bucket_above_capacity() {
     let r = rig(LOCAL);
-    let svc = NativeService::new(r.gateway.clone());
+    let svc = NativeService::new(r.decider.clone());
     reserve(&svc, 40, "big", 120_000).await.unwrap();
     assert_eq!(tokens_left(&svc).await, 60);
     // A minute later the bucket is full again; the refund of 40 finds no room.
@@ -187,11 +187,11 @@ async fn a_refund_never_lifts_a_bucket_above_capacity() {
 #[tokio::test]
 async fn abandoned_reservations_expire_and_their_cost_stays_spent() {
     let r = rig(LOCAL);
-    let svc = NativeService::new(r.gateway.clone());
+    let svc = NativeService::new(r.decider.clone());
     let res = reserve(&svc, 30, "lost", 1_000).await.unwrap();
     assert_eq!(res.expires_in_ms, 1_000);
     r.clock.advance(1_001 * MS);
-    r.gateway.sweep();
+    r.decider.sweep();
     let e = settle(&svc, "lost", 0).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::FailedPrecondition);
     assert!(e.message().contains("expired"), "{}", e.message());
@@ -211,7 +211,7 @@ async fn abandoned_reservations_expire_and_their_cost_stays_spent() {
 #[tokio::test]
 async fn concurrency_slots_are_taken_denied_and_released() {
     let r = rig(LOCAL);
-    let svc = NativeService::new(r.gateway.clone());
+    let svc = NativeService::new(r.decider.clone());
     let slow = || vec![desc(&[("path", "/slow")], None)];
     let d = check(&svc, slow(), 0, "a").await;
     assert_eq!((d.code, d.descriptors[0].max_in_flight), (OK, Some(2)));
@@ -259,7 +259,7 @@ async fn concurrency_slots_are_taken_denied_and_released() {
 #[tokio::test]
 async fn invalid_input_spends_nothing() {
     let r = rig(LOCAL);
-    let svc = NativeService::new(r.gateway.clone());
+    let svc = NativeService::new(r.decider.clone());
     let e = try_check(&svc, vec![desc(&[("tokens", "t")], None)], 1 << 33, "")
         .await
         .unwrap_err();
@@ -289,7 +289,7 @@ async fn invalid_input_spends_nothing() {
 #[tokio::test]
 async fn over_loopback_grpc() {
     let r = rig(LOCAL);
-    let servers = Servers::start(r.gateway.clone()).await;
+    let servers = Servers::start(r.decider.clone()).await;
     let mut c = AgentClient::connect(servers.grpc_url()).await.unwrap();
     let res = c
         .reserve(pb::ReserveRequest {

@@ -20,7 +20,7 @@
 
 use crate::support::{desc, eventually, MS, S, T};
 use allot_agent::api::native::decision;
-use allot_agent::api::{rate_limit_headers, Gateway, GatewaySettings};
+use allot_agent::api::{rate_limit_headers, Decider, TrackingSettings};
 use allot_agent::lease::{HeldAllocation, LeaseBook, LeaseSettings};
 use allot_agent::server::{serve_grpc, Agent};
 use allot_allocator::daemon::{Daemon, DaemonConfig, PolicyFile};
@@ -210,7 +210,7 @@ fn policy_key(domain: &str, key: &str, value: &str) -> PolicyKey {
 
 /// A real agent: gateway, enforcer, lease book and lease manager, as `allot-agent` runs them.
 struct RealAgent {
-    gateway: Arc<Gateway>,
+    decider: Arc<Decider>,
     stop: watch::Sender<bool>,
     background: Option<JoinHandle<()>>,
 }
@@ -233,19 +233,25 @@ impl RealAgent {
         // from first sight (central decisions are tested against the fake, `demand.rs`).
         lease.promote_tokens = 0;
         tune(&mut lease);
-        let mut agent = Agent::build(config, lease, GatewaySettings::default(), allocators, clock)
-            .expect("agent builds");
+        let mut agent = Agent::build(
+            config,
+            lease,
+            TrackingSettings::default(),
+            allocators,
+            clock,
+        )
+        .expect("agent builds");
         let (stop, shutdown) = watch::channel(false);
         let background = agent.spawn_background(shutdown);
         RealAgent {
-            gateway: agent.gateway.clone(),
+            decider: agent.decider.clone(),
             stop,
             background: Some(background),
         }
     }
 
     fn book(&self) -> &Arc<LeaseBook> {
-        self.gateway.enforcer().book()
+        self.decider.enforcer().book()
     }
 
     fn counter(&self, f: impl Fn(&allot_agent::lease::book::LeaseCounters) -> &AtomicU64) -> u64 {
@@ -254,7 +260,7 @@ impl RealAgent {
 
     /// Decides one request `domain` / `key`=`value` (cost 1) through the enforcer.
     async fn decide(&self, domain: &str, key: &str, value: &str) -> Outcome {
-        decide_on(&self.gateway, domain, key, value).await
+        decide_on(&self.decider, domain, key, value).await
     }
 
     /// The allocations held for `domain` / rule `rule_index` / `key`=`value`.
@@ -289,7 +295,7 @@ impl Drop for RealAgent {
     }
 }
 
-async fn decide_on(g: &Gateway, domain: &str, key: &str, value: &str) -> Outcome {
+async fn decide_on(g: &Decider, domain: &str, key: &str, value: &str) -> Outcome {
     let entries = [Entry { key, value }];
     let ds = [Descriptor {
         entries: &entries,
@@ -310,7 +316,7 @@ async fn decide_on(g: &Gateway, domain: &str, key: &str, value: &str) -> Outcome
 /// Decides through the gateway (what RLS, native gRPC and HTTP call) and returns the verdict's
 /// Retry-After in ns, the native API's `retry_after_ms` and the RLS/HTTP `retry-after` header.
 async fn retry_after_everywhere(
-    g: &Gateway,
+    g: &Decider,
     domain: &str,
     key: &str,
     value: &str,
@@ -437,13 +443,13 @@ async fn one_node_decides_locally_with_exact_retry_after() {
         "the allocator bucket's refill time"
     );
     assert_eq!(
-        retry_after_everywhere(&agent.gateway, "one", "tenant", "t").await,
+        retry_after_everywhere(&agent.decider, "one", "tenant", "t").await,
         (Some(47_655 * MS), Some(47_655), Some("48".to_string()))
     );
     // It counts down on the agent's clock.
     clock.advance(7_655 * MS);
     assert_eq!(
-        retry_after_everywhere(&agent.gateway, "one", "tenant", "t").await,
+        retry_after_everywhere(&agent.decider, "one", "tenant", "t").await,
         (Some(40_000 * MS), Some(40_000), Some("40".to_string()))
     );
     assert_eq!(
@@ -467,7 +473,7 @@ async fn one_node_decides_locally_with_exact_retry_after() {
     let o = agent.decide("one", "tenant", "t").await;
     assert_eq!(o.code, Code::OverLimit, "one token a minute, and no more");
     assert!(
-        eventually(15, || !kl.value.protocol.in_flight()
+        eventually(15, || !kl.value.protocol.call_in_flight()
             && kl.value.protocol.denied_until() > clock.now())
         .await
     );
@@ -546,7 +552,7 @@ descriptors:
 
 /// Hammers `domain`/`key`=`value` from `tasks` tasks until `stop`; counts admissions.
 fn hammer(
-    g: &Arc<Gateway>,
+    g: &Arc<Decider>,
     tasks: usize,
     domain: &'static str,
     key: &'static str,
@@ -594,7 +600,7 @@ async fn two_regions_share_one_global_budget() {
     let stop = Arc::new(AtomicBool::new(false));
     let mut tasks = Vec::new();
     tasks.extend(hammer(
-        &eu.gateway,
+        &eu.decider,
         2,
         "shared",
         "tenant",
@@ -603,7 +609,7 @@ async fn two_regions_share_one_global_budget() {
         eu_tenant,
     ));
     tasks.extend(hammer(
-        &us.gateway,
+        &us.decider,
         2,
         "shared",
         "tenant",
@@ -612,7 +618,7 @@ async fn two_regions_share_one_global_budget() {
         us_tenant,
     ));
     tasks.extend(hammer(
-        &eu.gateway,
+        &eu.decider,
         1,
         "shared",
         "team",
@@ -621,7 +627,7 @@ async fn two_regions_share_one_global_budget() {
         eu_team,
     ));
     tasks.extend(hammer(
-        &us.gateway,
+        &us.decider,
         1,
         "shared",
         "team",
@@ -743,7 +749,7 @@ async fn three_nodes_leader_stopped_failure_modes_then_recovery() {
     let b_stop = Arc::new(AtomicBool::new(false));
     let b_admitted = Arc::new(AtomicU64::new(1));
     let b_task = {
-        let (g, stop, n) = (b.gateway.clone(), b_stop.clone(), b_admitted.clone());
+        let (g, stop, n) = (b.decider.clone(), b_stop.clone(), b_admitted.clone());
         tokio::spawn(async move {
             while !stop.load(Ordering::SeqCst) {
                 if decide_on(&g, "fo", "tenant", "y").await.code == Code::Ok {
@@ -784,7 +790,7 @@ async fn three_nodes_leader_stopped_failure_modes_then_recovery() {
     assert_eq!(admitted, 7, "every token held stays spendable");
     assert!(!a.book().is_reachable());
     assert_eq!(
-        retry_after_everywhere(&a.gateway, "fo", "tenant", "x").await,
+        retry_after_everywhere(&a.decider, "fo", "tenant", "x").await,
         (Some(500 * MS), Some(500), Some("1".to_string()))
     );
 
@@ -809,7 +815,7 @@ async fn three_nodes_leader_stopped_failure_modes_then_recovery() {
         14 * T,
         "the emergency admission is spend of the granted reserve: inside the overshoot bound"
     );
-    let status = allot_agent::api::http::status(&a.gateway);
+    let status = allot_agent::api::http::status(&a.decider);
     assert_eq!(status["overshoot_bound_micros"], (14 * T));
     assert_eq!(status["allocator_reachable"], false);
 
@@ -913,7 +919,7 @@ async fn reservations_settle_idempotently_against_the_allocator() {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
     let (stop, shutdown) = watch::channel(false);
-    let server = tokio::spawn(serve_grpc(listener, agent.gateway.clone(), shutdown));
+    let server = tokio::spawn(serve_grpc(listener, agent.decider.clone(), shutdown));
     let mut client = AgentClient::connect(format!("http://{addr}"))
         .await
         .expect("connect");
@@ -1034,9 +1040,9 @@ async fn two_agents_of_one_region_spend_the_last_token() {
         counts[i].fetch_add(1, Ordering::SeqCst);
     }
     let stop = Arc::new(AtomicBool::new(false));
-    let mut tasks = hammer(&one.gateway, 1, "odd", "tenant", "acme", &stop, &counts[0]);
+    let mut tasks = hammer(&one.decider, 1, "odd", "tenant", "acme", &stop, &counts[0]);
     tasks.extend(hammer(
-        &two.gateway,
+        &two.decider,
         1,
         "odd",
         "tenant",

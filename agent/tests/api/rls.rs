@@ -46,7 +46,7 @@ async fn call(svc: &RlsService, r: RateLimitRequest) -> Result<RateLimitResponse
 #[tokio::test]
 async fn token_bucket_statuses_headers_and_retry_after_are_exact() {
     let r = rig(LOCAL);
-    let svc = RlsService::new(r.gateway.clone());
+    let svc = RlsService::new(r.decider.clone());
     let req = || rls("edge", &[&[("client", "a")]], 0);
     for (remaining, reset) in [(2u32, 20i64), (1, 40), (0, 60)] {
         let resp = call(&svc, req()).await.unwrap();
@@ -107,7 +107,7 @@ async fn token_bucket_statuses_headers_and_retry_after_are_exact() {
 #[tokio::test]
 async fn multi_descriptor_requests_are_all_or_nothing() {
     let r = rig(LOCAL);
-    let svc = RlsService::new(r.gateway.clone());
+    let svc = RlsService::new(r.decider.clone());
     let both = || rls("edge", &[&[("client", "b")], &[("window", "w")]], 0);
     // The fixed window [960 s, 1020 s) admits 2; t = 1000 s, so it ends in 20 s.
     for (client, window) in [(2, 1), (1, 0)] {
@@ -153,7 +153,7 @@ async fn multi_descriptor_requests_are_all_or_nothing() {
 #[tokio::test]
 async fn shadow_unlimited_and_unmatched_descriptors() {
     let r = rig(LOCAL);
-    let svc = RlsService::new(r.gateway.clone());
+    let svc = RlsService::new(r.decider.clone());
     let resp = call(&svc, rls("edge", &[&[("shadow", "x")]], 0))
         .await
         .unwrap();
@@ -185,7 +185,7 @@ async fn shadow_unlimited_and_unmatched_descriptors() {
 #[tokio::test]
 async fn hits_addend_request_and_per_descriptor() {
     let r = rig(LOCAL);
-    let svc = RlsService::new(r.gateway.clone());
+    let svc = RlsService::new(r.decider.clone());
     let resp = call(&svc, rls("edge", &[&[("tokens", "t")]], 5))
         .await
         .unwrap();
@@ -202,7 +202,7 @@ async fn hits_addend_request_and_per_descriptor() {
 #[tokio::test]
 async fn invalid_input_is_over_limit_with_its_reason_and_spends_nothing() {
     let r = rig(LOCAL);
-    let svc = RlsService::new(r.gateway.clone());
+    let svc = RlsService::new(r.decider.clone());
     let mut huge = rls("edge", &[], 0);
     huge.descriptors
         .push(rls_desc(&[("tokens", "t")], Some(1 << 32)));
@@ -267,7 +267,7 @@ async fn invalid_input_is_over_limit_with_its_reason_and_spends_nothing() {
 #[tokio::test]
 async fn never_passing_cost_is_over_limit_and_unknown_domain_is_ok() {
     let r = rig(LOCAL);
-    let svc = RlsService::new(r.gateway.clone());
+    let svc = RlsService::new(r.decider.clone());
     let resp = call(
         &svc,
         rls("edge", &[&[("tokens", "t")], &[("free", "x")]], 101),
@@ -297,7 +297,7 @@ async fn never_passing_cost_is_over_limit_and_unknown_domain_is_ok() {
 #[tokio::test]
 async fn over_loopback_grpc() {
     let r = rig(LOCAL);
-    let servers = Servers::start(r.gateway.clone()).await;
+    let servers = Servers::start(r.decider.clone()).await;
     let mut c = RateLimitServiceClient::connect(servers.grpc_url())
         .await
         .unwrap();
@@ -374,7 +374,7 @@ impl Encoder for RawEncoder {
 #[tokio::test]
 async fn non_utf8_strings_over_loopback_are_over_limit_and_spend_nothing() {
     let r = rig(LOCAL);
-    let servers = Servers::start(r.gateway.clone()).await;
+    let servers = Servers::start(r.decider.clone()).await;
     let url = servers.grpc_url();
     let encode =
         |d: &str, k: &str, v: &str| rls(d, &[&[(k, v)], &[("free", "x")]], 0).encode_to_vec();
@@ -401,7 +401,7 @@ async fn non_utf8_strings_over_loopback_are_over_limit_and_spend_nothing() {
             "domain is not UTF-8",
         ),
     ];
-    let invalid_before = r.gateway.metrics().requests.invalid.load(Ordering::Relaxed);
+    let invalid_before = r.decider.metrics().requests.invalid.load(Ordering::Relaxed);
     for (body, msg) in cases {
         let resp = raw_should_rate_limit(&url, body)
             .await
@@ -419,7 +419,7 @@ async fn non_utf8_strings_over_loopback_are_over_limit_and_spend_nothing() {
             serde_json::json!({"error": "invalid_argument", "message": msg})
         );
     }
-    let invalid_after = r.gateway.metrics().requests.invalid.load(Ordering::Relaxed);
+    let invalid_after = r.decider.metrics().requests.invalid.load(Ordering::Relaxed);
     assert_eq!(
         invalid_after - invalid_before,
         3,

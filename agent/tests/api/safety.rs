@@ -151,7 +151,7 @@ async fn spends_racing_the_shutdown_releases_never_exceed_the_final_spends() {
     let done = Arc::new(AtomicBool::new(false));
     let mut deciders = Vec::new();
     for _ in 0..3 {
-        let svc = RlsService::new(rig.gateway.clone());
+        let svc = RlsService::new(rig.decider.clone());
         let (admitted, attempts, done) = (admitted.clone(), attempts.clone(), done.clone());
         deciders.push(tokio::spawn(async move {
             while !done.load(Ordering::Acquire) {
@@ -233,7 +233,7 @@ fn entries<'a>(pairs: &[(&'a str, &'a str)]) -> Vec<Entry<'a>> {
 async fn install(r: &Rig, value: &str, id: u64, granted: u64, ttl_ms: u64) -> Arc<HeldAllocation> {
     let e = entries(&[("tenant", value)]);
     let kl = r
-        .gateway
+        .decider
         .enforcer()
         .book()
         .existing("api", 0, &e)
@@ -264,13 +264,13 @@ async fn decide(r: &Rig, key: &str, value: &str, cost: u64, reservation: Option<
     };
     let verdict = match reservation {
         Some(id) => {
-            r.gateway
+            r.decider
                 .reserve(&req, Some(id), 600_000)
                 .await
                 .unwrap()
                 .verdict
         }
-        None => Arc::new(r.gateway.check(&req, None).await.unwrap()),
+        None => Arc::new(r.decider.check(&req, None).await.unwrap()),
     };
     verdict.outcome.code
 }
@@ -299,7 +299,7 @@ async fn a_settled_refund_goes_only_into_the_live_allocation_it_charged() {
     let b = install(&r, "a", 2, 10, 60_000).await;
     assert_eq!(check(&r, "tenant", "a", 4).await, CoreCode::Ok);
     assert_eq!(b.spent(), 4 * T);
-    let s = r.gateway.settle("res-1", 0).unwrap();
+    let s = r.decider.settle("res-1", 0).unwrap();
     assert_eq!(s.refunded, 6, "the reservation is settled at 0");
     assert_eq!(b.spent(), 4 * T, "B was never charged: it gets nothing");
     assert_eq!(a.spent(), 6 * T, "A expired: its spend stands");
@@ -313,14 +313,14 @@ async fn a_settled_refund_goes_only_into_the_live_allocation_it_charged() {
     let c = install(&r, "c", 3, 10, 60_000).await;
     assert_eq!(reserve(&r, "tenant", "c", 8, "res-2").await, CoreCode::Ok);
     c.set_reported(5 * T);
-    r.gateway.settle("res-2", 1).unwrap();
+    r.decider.settle("res-2", 1).unwrap();
     assert_eq!(
         c.spent(),
         5 * T,
         "3 of the 7 unused tokens were not reported yet"
     );
     // Repeating the settlement gives nothing more (the spend never wraps).
-    r.gateway.settle("res-2", 0).unwrap();
+    r.decider.settle("res-2", 0).unwrap();
     assert_eq!(c.spent(), 5 * T);
 }
 
@@ -337,7 +337,7 @@ fn tokens_left(r: &Rig, value: &str) -> u64 {
         hits_addend: None,
     };
     let mut st = Vec::new();
-    r.gateway.enforcer().decide_now(&req, &mut st).unwrap();
+    r.decider.enforcer().decide_now(&req, &mut st).unwrap();
     st[0].remaining
 }
 
@@ -352,10 +352,10 @@ async fn a_refund_after_an_algorithm_change_goes_nowhere() {
         "requests_per_unit: 100, scope: local",
         "requests_per_unit: 100, algorithm: gcra, scope: local",
     );
-    r.gateway
+    r.decider
         .apply(ConfigSet::from_yaml(&changed, Path::new("p2.yaml")).unwrap());
     let before = tokens_left(&r, "t");
-    r.gateway.settle("res-l", 0).unwrap();
+    r.decider.settle("res-l", 0).unwrap();
     assert_eq!(
         tokens_left(&r, "t"),
         before,
@@ -365,7 +365,7 @@ async fn a_refund_after_an_algorithm_change_goes_nowhere() {
     // The same rule and limit: the refund comes back.
     assert_eq!(reserve(&r, "tokens", "u", 60, "res-m").await, CoreCode::Ok);
     let before = tokens_left(&r, "u");
-    r.gateway.settle("res-m", 0).unwrap();
+    r.decider.settle("res-m", 0).unwrap();
     assert!(
         tokens_left(&r, "u") > before,
         "refunded under the same rule"
@@ -386,7 +386,7 @@ async fn expired_fully_reported_allocations_are_released() {
     assert_eq!(check(&rig, "tenant", "x", 1).await, CoreCode::Ok);
     let e = entries(&[("tenant", "x")]);
     let kl = rig
-        .gateway
+        .decider
         .enforcer()
         .book()
         .existing("api", 0, &e)
@@ -438,7 +438,7 @@ async fn a_config_change_reaches_busy_keys() {
          fuse: {requests_per_unit: 1, burst: 2}}",
     );
     assert_ne!(changed, LEASED);
-    r.gateway
+    r.decider
         .apply(ConfigSet::from_yaml(&changed, Path::new("p2.yaml")).unwrap());
     // The fuse of the new config: 2 tokens, then rejected, though the allocation holds 45.
     assert_eq!(check(&r, "tenant", "busy", 1).await, CoreCode::Ok);
@@ -447,7 +447,7 @@ async fn a_config_change_reaches_busy_keys() {
     assert_eq!(a.spent(), 7 * T);
     // The new lease sizing reaches keys the change found.
     let e = entries(&[("tenant", "busy")]);
-    let kl = r.gateway.enforcer().book().existing("api", 0, &e).unwrap();
+    let kl = r.decider.enforcer().book().existing("api", 0, &e).unwrap();
     assert_eq!(
         (kl.value.sizing.max_grant(), kl.value.sizing.ttl_ms()),
         (7 * T, 30_000)
@@ -455,7 +455,7 @@ async fn a_config_change_reaches_busy_keys() {
     // The new failure mode: a grant installed now keeps an emergency reserve (10%), which
     // admits while the allocator is unreachable for the key (the old `deny` would refuse).
     let e = entries(&[("tenant", "down")]);
-    let kl = r.gateway.enforcer().book().existing("api", 0, &e).unwrap();
+    let kl = r.decider.enforcer().book().existing("api", 0, &e).unwrap();
     let reserve = kl.value.sizing.emergency_reserve(10 * T, 100_000);
     assert_eq!(reserve, T);
     let d = Arc::new(
@@ -484,7 +484,7 @@ async fn a_config_change_reaches_busy_keys() {
 #[tokio::test]
 async fn leased_keys_are_capped_at_max_keys() {
     let r = manual();
-    let book = r.gateway.enforcer().book().clone();
+    let book = r.decider.enforcer().book().clone();
     let keys = || book.tables().iter().map(|t| t.len()).sum::<u64>();
     for k in ["k1", "k2", "k3"] {
         assert_eq!(check(&r, "capped", k, 1).await, CoreCode::OverLimit, "cold");
@@ -558,7 +558,7 @@ async fn gateways_through_an_outage_admit_at_most_their_granted_reserves() {
     let emergency: u64 = gateways
         .iter()
         .map(|(r, _, _)| {
-            r.gateway
+            r.decider
                 .enforcer()
                 .book()
                 .counters

@@ -1,6 +1,6 @@
 //! Shared rigs: a gateway on a manual clock, loopback servers, a fake allocator.
 
-use allot_agent::api::{Gateway, GatewaySettings};
+use allot_agent::api::{Decider, TrackingSettings};
 use allot_agent::lease::LeaseSettings;
 use allot_agent::server::{serve_grpc, serve_http, Agent};
 use allot_common::clock::{Clock, ManualClock};
@@ -48,7 +48,7 @@ descriptors:
 /// A gateway on a manual clock (t = 1 000 s) with `policy` and no allocator.
 pub struct Rig {
     pub clock: ManualClock,
-    pub gateway: Arc<Gateway>,
+    pub decider: Arc<Decider>,
     pub agent: Agent,
 }
 
@@ -64,9 +64,9 @@ pub fn rig_with(policy: &str, allocators: &[String], tune: impl FnOnce(&mut Leas
     let agent = Agent::build(
         config,
         lease,
-        GatewaySettings {
+        TrackingSettings {
             slot_ttl_ms: 5_000,
-            ..GatewaySettings::default()
+            ..TrackingSettings::default()
         },
         allocators,
         Arc::new(clock.clone()) as Arc<dyn Clock>,
@@ -74,7 +74,7 @@ pub fn rig_with(policy: &str, allocators: &[String], tune: impl FnOnce(&mut Leas
     .expect("agent");
     Rig {
         clock,
-        gateway: agent.gateway.clone(),
+        decider: agent.decider.clone(),
         agent,
     }
 }
@@ -88,12 +88,12 @@ pub struct Servers {
 }
 
 impl Servers {
-    pub async fn start(gateway: Arc<Gateway>) -> Servers {
+    pub async fn start(decider: Arc<Decider>) -> Servers {
         let (stop, shutdown) = watch::channel(false);
         let g = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let h = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let (grpc, http) = (g.local_addr().unwrap(), h.local_addr().unwrap());
-        let (g1, g2) = (gateway.clone(), gateway);
+        let (g1, g2) = (decider.clone(), decider);
         let (s1, s2) = (shutdown.clone(), shutdown);
         let tasks = vec![
             tokio::spawn(async move {
@@ -530,7 +530,7 @@ pub async fn served(fake: FakeAllocator) -> Served {
 
 /// Decides one request of `cost` tokens for `tenant=value` through the gateway's enforcer.
 pub async fn decide_tenant(
-    g: &Gateway,
+    g: &Decider,
     value: &str,
     cost: Option<u64>,
 ) -> allot_common::limiter::Outcome {

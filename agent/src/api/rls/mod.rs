@@ -2,7 +2,7 @@
 //! wire-compatible with Envoy's HTTP and network rate-limit filters.
 //!
 //! Translation only: the request is borrowed into the decision core's form (no string copied)
-//! and decided by the [`Gateway`]; the answer carries one status per descriptor
+//! and decided by the [`Decider`]; the answer carries one status per descriptor
 //! (`current_limit`, `limit_remaining`, `duration_until_reset`), the overall code, the RateLimit
 //! headers of the most restrictive descriptor and `retry-after` on OVER_LIMIT.
 //!
@@ -26,7 +26,7 @@
 
 use super::{
     borrow_descriptors, borrow_entries, rate_limit_headers, request_cost, rule_limit, ApiError,
-    Gateway, Verdict, WireDescriptor, WireEntry,
+    Decider, Verdict, WireDescriptor, WireEntry,
 };
 use allot_common::config::Unit;
 use allot_common::descriptor::{Request, RequestError};
@@ -67,16 +67,16 @@ impl WireDescriptor for RateLimitDescriptor {
     }
 }
 
-/// The RLS service over a [`Gateway`].
+/// The RLS service over a [`Decider`].
 #[derive(Debug, Clone)]
 pub struct RlsService {
-    gateway: Arc<Gateway>,
+    decider: Arc<Decider>,
 }
 
 impl RlsService {
-    /// A service deciding with `gateway`.
-    pub fn new(gateway: Arc<Gateway>) -> Self {
-        RlsService { gateway }
+    /// A service deciding with `decider`.
+    pub fn new(decider: Arc<Decider>) -> Self {
+        RlsService { decider }
     }
 
     /// The tonic server for this service, whose decoder refuses non-UTF-8 strings as OVER_LIMIT
@@ -94,7 +94,7 @@ impl RlsService {
         match request {
             RlsRequest::Valid(r) => self.answer_valid(&r).await,
             RlsRequest::NotUtf8 { field, descriptors } => {
-                self.gateway.count_invalid();
+                self.decider.count_invalid();
                 let e = ApiError::Malformed(format!("{field} is not UTF-8"));
                 Ok(refused_invalid(descriptors, &e))
             }
@@ -117,22 +117,22 @@ impl RlsService {
     /// [`ApiError`] for malformed input (nothing spent).
     pub async fn decide(&self, r: &RateLimitRequest) -> Result<RateLimitResponse, ApiError> {
         if let Some(i) = r.descriptors.iter().position(|d| d.is_negative_hits) {
-            self.gateway.count_invalid();
+            self.decider.count_invalid();
             return Err(ApiError::Malformed(format!(
                 "descriptors[{i}].is_negative_hits is not supported: hits are only ever spent"
             )));
         }
         let hits = request_cost("hits_addend", u64::from(r.hits_addend))
-            .inspect_err(|_| self.gateway.count_invalid())?;
+            .inspect_err(|_| self.decider.count_invalid())?;
         let entries =
-            borrow_entries(&r.descriptors).inspect_err(|_| self.gateway.count_invalid())?;
+            borrow_entries(&r.descriptors).inspect_err(|_| self.decider.count_invalid())?;
         let descriptors = borrow_descriptors(&r.descriptors, &entries);
         let req = Request {
             domain: &r.domain,
             descriptors: &descriptors,
             hits_addend: hits,
         };
-        match self.gateway.check(&req, None).await {
+        match self.decider.check(&req, None).await {
             Ok(v) => Ok(response(&v)),
             Err(ApiError::Invalid(RequestError::UnknownDomain(_))) => {
                 Ok(unknown_domain(r.descriptors.len()))

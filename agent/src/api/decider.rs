@@ -1,9 +1,9 @@
 //! What every adapter calls: the one enforcer, request tracking and metrics.
 
-use super::{refund, ApiError, GatewaySettings, Reserved, Settled, Verdict};
+use super::{refund, ApiError, Reserved, Settled, TrackingSettings, Verdict};
 use crate::enforce::Enforcer;
-use crate::inflight::{Begin, InFlight, OwnedRequest, Reservation};
 use crate::metrics::Metrics;
+use crate::tracked::{Begin, OwnedRequest, Reservation, TrackedRequests};
 use allot_common::concurrency::Permit;
 use allot_common::config::ConfigSet;
 use allot_common::descriptor::Request;
@@ -16,20 +16,24 @@ use std::time::Instant;
 
 /// What every adapter calls: the one enforcer, request tracking and metrics.
 #[derive(Debug)]
-pub struct Gateway {
+pub struct Decider {
     enforcer: Arc<Enforcer>,
-    inflight: InFlight<Arc<Verdict>>,
+    tracked: TrackedRequests<Arc<Verdict>>,
     metrics: Arc<Metrics>,
-    settings: GatewaySettings,
+    settings: TrackingSettings,
     seq: AtomicU64,
 }
 
-impl Gateway {
-    /// A gateway deciding with `enforcer`, counting into `metrics`.
-    pub fn new(enforcer: Arc<Enforcer>, metrics: Arc<Metrics>, settings: GatewaySettings) -> Self {
+impl Decider {
+    /// A decider deciding with `enforcer`, tracking requests by `settings`, counting into
+    /// `metrics`.
+    pub fn new(enforcer: Arc<Enforcer>, metrics: Arc<Metrics>, settings: TrackingSettings) -> Self {
         metrics.apply(&enforcer.snapshot());
-        Gateway {
-            inflight: InFlight::new(settings.max_tracked, millis_to_nanos(settings.tombstone_ms)),
+        Decider {
+            tracked: TrackedRequests::new(
+                settings.max_tracked,
+                millis_to_nanos(settings.tombstone_ms),
+            ),
             enforcer,
             metrics,
             settings,
@@ -49,7 +53,7 @@ impl Gateway {
 
     /// Requests tracked now (reservations, held slots, tombstones).
     pub fn tracked(&self) -> usize {
-        self.inflight.len()
+        self.tracked.len()
     }
 
     /// Makes `config` current; returns its version.
@@ -59,7 +63,7 @@ impl Gateway {
         v
     }
 
-    /// Counts an invalid request (for adapters refusing before the gateway is called).
+    /// Counts an invalid request (for adapters refusing before the decider is called).
     pub fn count_invalid(&self) {
         self.metrics.invalid();
     }
@@ -89,7 +93,7 @@ impl Gateway {
                 .any(|s| s.reason == Reason::ConcurrencyLimit);
             if o.code == Code::OverLimit
                 && concurrency
-                && self.inflight.sweep(self.enforcer.clock().now()) > 0
+                && self.tracked.sweep(self.enforcer.clock().now()) > 0
             {
                 outcome = self
                     .enforcer
@@ -133,7 +137,7 @@ impl Gateway {
     ) -> Result<Verdict, ApiError> {
         let id = request_id.filter(|s| !s.is_empty());
         if id.is_some() && self.enforcer.slots().any_capped(req.domain) {
-            self.inflight.has_room()?;
+            self.tracked.has_room()?;
         }
         let mut permits = Vec::new();
         let verdict = self.decide(req, &mut permits, false).await?;
@@ -143,7 +147,7 @@ impl Gateway {
                 .clock()
                 .now()
                 .saturating_add(millis_to_nanos(self.settings.slot_ttl_ms));
-            self.inflight.hold(id, permits, until);
+            self.tracked.hold(id, permits, until);
         }
         Ok(verdict)
     }
@@ -153,8 +157,8 @@ impl Gateway {
     /// `max_reserve_ttl_ms`.
     ///
     /// # Errors
-    /// As [`check`](Self::check), plus [`InFlightError::InProgress`](crate::inflight::InFlightError::InProgress) when the same id is being
-    /// decided and [`InFlightError::Expired`](crate::inflight::InFlightError::Expired) when its reservation expired.
+    /// As [`check`](Self::check), plus [`TrackingError::InProgress`](crate::tracked::TrackingError::InProgress) when the same id is being
+    /// decided and [`TrackingError::Expired`](crate::tracked::TrackingError::Expired) when its reservation expired.
     pub async fn reserve(
         &self,
         req: &Request<'_>,
@@ -171,7 +175,7 @@ impl Gateway {
         // Clears the pending mark unless the reservation is admitted (also when this future is
         // dropped mid-decision: then nothing was spent after the last await either).
         let pending = PendingMark {
-            inflight: &self.inflight,
+            tracked: &self.tracked,
             id,
             armed: true,
         };
@@ -219,14 +223,14 @@ impl Gateway {
     /// Marks `id` pending (`None`: decide it now), or repeats its existing reservation.
     ///
     /// # Errors
-    /// As [`InFlight::begin_reserve`].
+    /// As [`TrackedRequests::begin_reserve`].
     fn begin_reserve(&self, id: &str) -> Result<Option<Reserved>, ApiError> {
         let now = self.enforcer.clock().now();
         // A decision waits at most the cold wait; a pending mark outliving that by far was lost.
         let give_up = now.saturating_add(millis_to_nanos(
             self.enforcer.settings().cold_wait_ms.saturating_mul(4) + 10_000,
         ));
-        Ok(match self.inflight.begin_reserve(id, now, give_up)? {
+        Ok(match self.tracked.begin_reserve(id, now, give_up)? {
             Begin::Existing(r, left) => Some(Reserved {
                 reservation_id: id.to_string(),
                 verdict: r.answer.clone(),
@@ -246,7 +250,7 @@ impl Gateway {
         expires_in: Nanos,
     ) {
         let spent_at = self.enforcer.clock().now();
-        self.inflight.admit(
+        self.tracked.admit(
             id,
             Arc::new(Reservation {
                 request: OwnedRequest::from_request(req),
@@ -264,11 +268,11 @@ impl Gateway {
     /// Idempotent: a repeat answers as the first settlement did and refunds nothing.
     ///
     /// # Errors
-    /// [`InFlightError::NotFound`](crate::inflight::InFlightError::NotFound), [`InFlightError::Expired`](crate::inflight::InFlightError::Expired) (its cost stays spent),
-    /// [`InFlightError::InProgress`](crate::inflight::InFlightError::InProgress), [`InFlightError::NotAReservation`](crate::inflight::InFlightError::NotAReservation).
+    /// [`TrackingError::NotFound`](crate::tracked::TrackingError::NotFound), [`TrackingError::Expired`](crate::tracked::TrackingError::Expired) (its cost stays spent),
+    /// [`TrackingError::InProgress`](crate::tracked::TrackingError::InProgress), [`TrackingError::NotAReservation`](crate::tracked::TrackingError::NotAReservation).
     pub fn settle(&self, id: &str, actual_cost: u64) -> Result<Settled, ApiError> {
         let now = self.enforcer.clock().now();
-        let s = self.inflight.settle(id, actual_cost, now)?;
+        let s = self.tracked.settle(id, actual_cost, now)?;
         if !s.repeated && s.unused.iter().any(|u| *u > 0) {
             let r = &s.reservation;
             // The request was valid when reserved; the only way it fails now is a config change
@@ -289,13 +293,13 @@ impl Gateway {
 
     /// The request `id` finished: frees its concurrency slots; returns how many. Idempotent.
     pub fn done(&self, id: &str) -> u64 {
-        self.inflight.done(id)
+        self.tracked.done(id)
     }
 
     /// Expires abandoned reservations and forgotten slots, forgets old tombstones and idle slot
     /// limiters. Run periodically (see [`crate::server::spawn_sweeper`]).
     pub fn sweep(&self) {
-        self.inflight.sweep(self.enforcer.clock().now());
+        self.tracked.sweep(self.enforcer.clock().now());
         self.enforcer.slots().sweep();
     }
 }
@@ -321,7 +325,7 @@ fn spent_tokens(verdict: &Verdict, req: &Request<'_>) -> Vec<u64> {
 /// also when the reserving future is dropped mid-decision, when nothing was spent after its
 /// last await either.
 struct PendingMark<'g> {
-    inflight: &'g InFlight<Arc<Verdict>>,
+    tracked: &'g TrackedRequests<Arc<Verdict>>,
     id: &'g str,
     armed: bool,
 }
@@ -336,7 +340,7 @@ impl PendingMark<'_> {
 impl Drop for PendingMark<'_> {
     fn drop(&mut self) {
         if self.armed {
-            self.inflight.abandon(self.id);
+            self.tracked.abandon(self.id);
         }
     }
 }

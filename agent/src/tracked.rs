@@ -55,7 +55,7 @@ struct Tracked<V> {
 
 /// Why the registry refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum InFlightError {
+pub enum TrackingError {
     /// No reservation or request with this id is known (never made, or long forgotten).
     #[error("no reservation {0:?} is known (never made, or forgotten after it ended)")]
     NotFound(String),
@@ -76,10 +76,10 @@ pub enum InFlightError {
     },
 }
 
-/// What [`InFlight::begin_reserve`] found.
+/// What [`TrackedRequests::begin_reserve`] found.
 #[derive(Debug)]
 pub enum Begin<V> {
-    /// New id: it is now pending; decide, then [`InFlight::admit`] or [`InFlight::abandon`].
+    /// New id: it is now pending; decide, then [`TrackedRequests::admit`] or [`TrackedRequests::abandon`].
     New,
     /// A reservation with this id exists: repeat its answer (ns left until it expires).
     Existing(Arc<Reservation<V>>, Nanos),
@@ -102,16 +102,16 @@ pub struct Settlement<V> {
 
 /// Tracked requests by id.
 #[derive(Debug)]
-pub struct InFlight<V> {
+pub struct TrackedRequests<V> {
     entries: Mutex<HashMap<String, Tracked<V>>>,
     max_tracked: usize,
     tombstone_ns: Nanos,
 }
 
-impl<V> InFlight<V> {
+impl<V> TrackedRequests<V> {
     /// A registry tracking at most `max_tracked` requests, keeping tombstones `tombstone_ns`.
     pub fn new(max_tracked: usize, tombstone_ns: Nanos) -> Self {
-        InFlight {
+        TrackedRequests {
             entries: Mutex::new(HashMap::new()),
             max_tracked,
             tombstone_ns,
@@ -131,10 +131,10 @@ impl<V> InFlight<V> {
     /// Whether another request can be tracked.
     ///
     /// # Errors
-    /// [`InFlightError::TooMany`] at the bound.
-    pub fn has_room(&self) -> Result<(), InFlightError> {
+    /// [`TrackingError::TooMany`] at the bound.
+    pub fn has_room(&self) -> Result<(), TrackingError> {
         if self.entries.lock().len() >= self.max_tracked {
-            return Err(InFlightError::TooMany {
+            return Err(TrackingError::TooMany {
                 max: self.max_tracked,
             });
         }
@@ -144,24 +144,24 @@ impl<V> InFlight<V> {
     /// Starts a Reserve with id `id` at `now`; a pending entry is given up at `give_up_at`.
     ///
     /// # Errors
-    /// [`InFlightError::InProgress`] when the same id is being decided,
-    /// [`InFlightError::Expired`] when its reservation expired, [`InFlightError::NotAReservation`]
-    /// when a checked request holds the id, [`InFlightError::TooMany`] at the bound.
+    /// [`TrackingError::InProgress`] when the same id is being decided,
+    /// [`TrackingError::Expired`] when its reservation expired, [`TrackingError::NotAReservation`]
+    /// when a checked request holds the id, [`TrackingError::TooMany`] at the bound.
     pub fn begin_reserve(
         &self,
         id: &str,
         now: Nanos,
         give_up_at: Nanos,
-    ) -> Result<Begin<V>, InFlightError> {
+    ) -> Result<Begin<V>, TrackingError> {
         let mut m = self.entries.lock();
         if let Some(t) = m.get_mut(id) {
             if matches!(t.phase, Phase::Active) && now >= t.until {
                 expire(t, now, self.tombstone_ns);
             }
             return match (&t.phase, &t.reservation) {
-                (Phase::Pending, _) => Err(InFlightError::InProgress(id.to_string())),
-                (Phase::Expired, _) => Err(InFlightError::Expired(id.to_string())),
-                (_, None) => Err(InFlightError::NotAReservation(id.to_string())),
+                (Phase::Pending, _) => Err(TrackingError::InProgress(id.to_string())),
+                (Phase::Expired, _) => Err(TrackingError::Expired(id.to_string())),
+                (_, None) => Err(TrackingError::NotAReservation(id.to_string())),
                 (Phase::Active, Some(r)) => {
                     Ok(Begin::Existing(r.clone(), t.until.saturating_sub(now)))
                 }
@@ -169,7 +169,7 @@ impl<V> InFlight<V> {
             };
         }
         if m.len() >= self.max_tracked {
-            return Err(InFlightError::TooMany {
+            return Err(TrackingError::TooMany {
                 max: self.max_tracked,
             });
         }
@@ -242,31 +242,31 @@ impl<V> InFlight<V> {
     /// A repeated settlement returns the first one's numbers with nothing to refund.
     ///
     /// # Errors
-    /// [`InFlightError::NotFound`], [`InFlightError::Expired`], [`InFlightError::InProgress`],
-    /// [`InFlightError::NotAReservation`].
+    /// [`TrackingError::NotFound`], [`TrackingError::Expired`], [`TrackingError::InProgress`],
+    /// [`TrackingError::NotAReservation`].
     pub fn settle(
         &self,
         id: &str,
         actual: u64,
         now: Nanos,
-    ) -> Result<Settlement<V>, InFlightError> {
+    ) -> Result<Settlement<V>, TrackingError> {
         let (settlement, freed) = {
             let mut m = self.entries.lock();
             let t = m
                 .get_mut(id)
-                .ok_or_else(|| InFlightError::NotFound(id.to_string()))?;
+                .ok_or_else(|| TrackingError::NotFound(id.to_string()))?;
             if matches!(t.phase, Phase::Active) && now >= t.until {
                 expire(t, now, self.tombstone_ns);
             }
             let Some(r) = t.reservation.clone() else {
                 return Err(match t.phase {
-                    Phase::Pending => InFlightError::InProgress(id.to_string()),
-                    _ => InFlightError::NotAReservation(id.to_string()),
+                    Phase::Pending => TrackingError::InProgress(id.to_string()),
+                    _ => TrackingError::NotAReservation(id.to_string()),
                 });
             };
             match t.phase {
-                Phase::Pending => return Err(InFlightError::InProgress(id.to_string())),
-                Phase::Expired => return Err(InFlightError::Expired(id.to_string())),
+                Phase::Pending => return Err(TrackingError::InProgress(id.to_string())),
+                Phase::Expired => return Err(TrackingError::Expired(id.to_string())),
                 Phase::Settled { actual, refunded } => {
                     return Ok(Settlement {
                         reservation: r,
@@ -377,12 +377,12 @@ mod tests {
 
     #[test]
     fn reserve_settle_repeat_and_reuse_of_the_id() {
-        let f: InFlight<u32> = InFlight::new(10, 1_000);
+        let f: TrackedRequests<u32> = TrackedRequests::new(10, 1_000);
         let l = ConcurrencyLimiter::new(2);
         assert!(matches!(f.begin_reserve("r", 0, 100), Ok(Begin::New)));
         assert_eq!(
             f.begin_reserve("r", 0, 100).unwrap_err(),
-            InFlightError::InProgress("r".into())
+            TrackingError::InProgress("r".into())
         );
         f.admit(
             "r",
@@ -411,13 +411,13 @@ mod tests {
         assert_eq!(l.in_flight(), 0);
         assert_eq!(
             f.settle("x", 1, 0).unwrap_err(),
-            InFlightError::NotFound("x".into())
+            TrackingError::NotFound("x".into())
         );
     }
 
     #[test]
     fn expiry_frees_slots_keeps_tombstones_then_forgets() {
-        let f: InFlight<u32> = InFlight::new(10, 1_000);
+        let f: TrackedRequests<u32> = TrackedRequests::new(10, 1_000);
         let l = ConcurrencyLimiter::new(3);
         f.admit(
             "r",
@@ -432,11 +432,11 @@ mod tests {
         assert_eq!(l.in_flight(), 0);
         assert_eq!(
             f.settle("r", 0, 61).unwrap_err(),
-            InFlightError::Expired("r".into())
+            TrackingError::Expired("r".into())
         );
         assert_eq!(
             f.settle("c", 0, 61).unwrap_err(),
-            InFlightError::NotFound("c".into())
+            TrackingError::NotFound("c".into())
         );
         f.sweep(70);
         assert!(
@@ -447,24 +447,24 @@ mod tests {
         f.sweep(60 + 1_000);
         assert_eq!(
             f.settle("r", 0, 2_000).unwrap_err(),
-            InFlightError::NotFound("r".into())
+            TrackingError::NotFound("r".into())
         );
         assert!(f.is_empty());
     }
 
     #[test]
     fn the_number_of_tracked_requests_is_bounded() {
-        let f: InFlight<u32> = InFlight::new(1, 1_000);
+        let f: TrackedRequests<u32> = TrackedRequests::new(1, 1_000);
         assert!(matches!(f.begin_reserve("a", 0, 10), Ok(Begin::New)));
-        assert_eq!(f.has_room(), Err(InFlightError::TooMany { max: 1 }));
+        assert_eq!(f.has_room(), Err(TrackingError::TooMany { max: 1 }));
         assert_eq!(
             f.begin_reserve("b", 0, 10).unwrap_err(),
-            InFlightError::TooMany { max: 1 }
+            TrackingError::TooMany { max: 1 }
         );
         f.hold("c", Vec::new(), 5);
         assert_eq!(
             f.settle("c", 0, 1).unwrap_err(),
-            InFlightError::NotAReservation("c".into())
+            TrackingError::NotAReservation("c".into())
         );
     }
 
