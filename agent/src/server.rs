@@ -169,11 +169,6 @@ impl AgentFile {
     pub fn lease_settings(&self, agent_id: &str, region: &str) -> LeaseSettings {
         let mut s = LeaseSettings::new(agent_id, region);
         let l = &self.lease;
-        let set = |dst: &mut u64, v: Option<u64>| {
-            if let Some(v) = v {
-                *dst = v;
-            }
-        };
         set(&mut s.report_interval_ms, l.report_interval_ms);
         set(&mut s.call_timeout_ms, l.call_timeout_ms);
         set(&mut s.cold_wait_ms, l.cold_wait_ms);
@@ -184,15 +179,9 @@ impl AgentFile {
         set(&mut s.idle_return_ms, l.idle_return_ms);
         set(&mut s.promote_tokens, l.promote_tokens);
         set(&mut s.demote_tokens, l.demote_tokens);
-        if let Some(v) = l.rate_leases {
-            s.rate_leases = v;
-        }
-        if let Some(v) = l.low_watermark_pct {
-            s.low_watermark_pct = v;
-        }
-        if let Some(v) = l.emergency_ppm {
-            s.emergency_ppm = v;
-        }
+        set(&mut s.rate_leases, l.rate_leases);
+        set(&mut s.low_watermark_pct, l.low_watermark_pct);
+        set(&mut s.emergency_ppm, l.emergency_ppm);
         s
     }
 
@@ -200,22 +189,19 @@ impl AgentFile {
     pub fn tracking_settings(&self) -> TrackingSettings {
         let mut s = TrackingSettings::default();
         let g = &self.gateway;
-        if let Some(v) = g.default_reserve_ttl_ms {
-            s.default_reserve_ttl_ms = v;
-        }
-        if let Some(v) = g.max_reserve_ttl_ms {
-            s.max_reserve_ttl_ms = v;
-        }
-        if let Some(v) = g.slot_ttl_ms {
-            s.slot_ttl_ms = v;
-        }
-        if let Some(v) = g.tombstone_ms {
-            s.tombstone_ms = v;
-        }
-        if let Some(v) = g.max_tracked {
-            s.max_tracked = v;
-        }
+        set(&mut s.default_reserve_ttl_ms, g.default_reserve_ttl_ms);
+        set(&mut s.max_reserve_ttl_ms, g.max_reserve_ttl_ms);
+        set(&mut s.slot_ttl_ms, g.slot_ttl_ms);
+        set(&mut s.tombstone_ms, g.tombstone_ms);
+        set(&mut s.max_tracked, g.max_tracked);
         s
+    }
+}
+
+/// A setting the file gives overrides the default.
+fn set<T>(dst: &mut T, v: Option<T>) {
+    if let Some(v) = v {
+        *dst = v;
     }
 }
 

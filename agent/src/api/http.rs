@@ -10,12 +10,10 @@
 
 use super::native::decision;
 use super::{
-    borrow_descriptors, borrow_entries, rate_limit_headers, request_cost, ApiError, Decider,
-    Verdict, WireDescriptor, WireEntry,
+    rate_limit_headers, ApiError, Decider, Verdict, WireDescriptor, WireEntry, WireRequest,
 };
 use crate::metrics::allocations_held;
 use crate::tracked::TrackingError;
-use allot_common::descriptor::{Entry, Request};
 use allot_common::units::{Micros, MICROS_PER_TOKEN, NANOS_PER_MILLI};
 use allot_proto::allot::v1 as pb;
 use axum::body::Bytes;
@@ -266,19 +264,17 @@ fn decided(v: &Verdict, extra: Option<Value>) -> Response {
     with_headers(resp, v)
 }
 
-/// The cost (as field `cost_field`) and borrowed entries of a check or reserve body; an invalid
-/// one is counted and answered with 400.
+/// A check or reserve body read for the core, its cost named `cost_field`; an invalid one is
+/// counted and answered with 400.
 fn read_wire<'b>(
     g: &Decider,
     b: &'b CheckBody,
     cost_field: &str,
-) -> Result<(Option<u64>, Vec<Entry<'b>>), Box<Response>> {
-    request_cost(cost_field, b.cost.unwrap_or(0))
-        .and_then(|hits| Ok((hits, borrow_entries(&b.descriptors)?)))
-        .map_err(|e| {
-            g.count_invalid();
-            Box::new(error_response(&e))
-        })
+) -> Result<WireRequest<'b, JsonDescriptor>, Box<Response>> {
+    WireRequest::read(&b.domain, &b.descriptors, cost_field, b.cost.unwrap_or(0)).map_err(|e| {
+        g.count_invalid();
+        Box::new(error_response(&e))
+    })
 }
 
 async fn check(State(g): State<Arc<Decider>>, body: Bytes) -> Response {
@@ -286,16 +282,12 @@ async fn check(State(g): State<Arc<Decider>>, body: Bytes) -> Response {
         Ok(b) => b,
         Err(r) => return r,
     };
-    let (hits, entries) = match read_wire(&g, &b, "cost") {
-        Ok(x) => x,
+    let w = match read_wire(&g, &b, "cost") {
+        Ok(w) => w,
         Err(r) => return *r,
     };
-    let descriptors = borrow_descriptors(&b.descriptors, &entries);
-    let req = Request {
-        domain: &b.domain,
-        descriptors: &descriptors,
-        hits_addend: hits,
-    };
+    let descriptors = w.descriptors();
+    let req = w.request(&descriptors);
     match g.check(&req, b.request_id.as_deref()).await {
         Ok(v) => decided(&v, None),
         Err(e) => error_response(&e),
@@ -307,16 +299,12 @@ async fn reserve(State(g): State<Arc<Decider>>, body: Bytes) -> Response {
         Ok(b) => b,
         Err(r) => return r,
     };
-    let (hits, entries) = match read_wire(&g, &b, "max_cost") {
-        Ok(x) => x,
+    let w = match read_wire(&g, &b, "max_cost") {
+        Ok(w) => w,
         Err(r) => return *r,
     };
-    let descriptors = borrow_descriptors(&b.descriptors, &entries);
-    let req = Request {
-        domain: &b.domain,
-        descriptors: &descriptors,
-        hits_addend: hits,
-    };
+    let descriptors = w.descriptors();
+    let req = w.request(&descriptors);
     match g
         .reserve(&req, b.request_id.as_deref(), b.ttl_ms.unwrap_or(0))
         .await

@@ -20,4 +20,6 @@ pub use error::ApiError;
 pub use headers::{ms_ceil, rate_limit_headers, rule_limit};
 pub use settings::TrackingSettings;
 pub use verdict::{Reserved, Settled, Verdict};
-pub use wire::{borrow_descriptors, borrow_entries, request_cost, WireDescriptor, WireEntry};
+pub use wire::{
+    borrow_descriptors, borrow_entries, request_cost, WireDescriptor, WireEntry, WireRequest,
+};

@@ -2,10 +2,8 @@
 //! Settle and Done over the [`Decider`]. Costs are whole tokens; times milliseconds.
 
 use super::{
-    borrow_descriptors, borrow_entries, ms_ceil, request_cost, rule_limit, ApiError, Decider,
-    Verdict, WireDescriptor, WireEntry,
+    ms_ceil, rule_limit, ApiError, Decider, Verdict, WireDescriptor, WireEntry, WireRequest,
 };
-use allot_common::descriptor::Request;
 use allot_common::limiter::{Code, Reason};
 use allot_proto::allot::v1 as pb;
 use allot_proto::allot::v1::agent_server::{Agent, AgentServer};
@@ -133,14 +131,9 @@ impl Agent for NativeService {
         request: TonicRequest<pb::CheckRequest>,
     ) -> Result<Response<pb::CheckResponse>, Status> {
         let r = request.get_ref();
-        let hits = self.invalid(request_cost("cost", r.cost))?;
-        let entries = self.invalid(borrow_entries(&r.descriptors).map_err(ApiError::from))?;
-        let descriptors = borrow_descriptors(&r.descriptors, &entries);
-        let req = Request {
-            domain: &r.domain,
-            descriptors: &descriptors,
-            hits_addend: hits,
-        };
+        let w = self.invalid(WireRequest::read(&r.domain, &r.descriptors, "cost", r.cost))?;
+        let descriptors = w.descriptors();
+        let req = w.request(&descriptors);
         let v = self.decider.check(&req, Some(&r.request_id)).await?;
         Ok(Response::new(pb::CheckResponse {
             decision: Some(decision(&v)),
@@ -152,14 +145,14 @@ impl Agent for NativeService {
         request: TonicRequest<pb::ReserveRequest>,
     ) -> Result<Response<pb::ReserveResponse>, Status> {
         let r = request.get_ref();
-        let hits = self.invalid(request_cost("max_cost", r.max_cost))?;
-        let entries = self.invalid(borrow_entries(&r.descriptors).map_err(ApiError::from))?;
-        let descriptors = borrow_descriptors(&r.descriptors, &entries);
-        let req = Request {
-            domain: &r.domain,
-            descriptors: &descriptors,
-            hits_addend: hits,
-        };
+        let w = self.invalid(WireRequest::read(
+            &r.domain,
+            &r.descriptors,
+            "max_cost",
+            r.max_cost,
+        ))?;
+        let descriptors = w.descriptors();
+        let req = w.request(&descriptors);
         let res = self
             .decider
             .reserve(&req, Some(&r.request_id), r.ttl_ms)

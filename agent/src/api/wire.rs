@@ -2,7 +2,7 @@
 
 use super::ApiError;
 use allot_common::descriptor::{
-    Descriptor, Entry, RequestError, MAX_COST_TOKENS, MAX_DESCRIPTORS, MAX_ENTRIES,
+    Descriptor, Entry, Request, RequestError, MAX_COST_TOKENS, MAX_DESCRIPTORS, MAX_ENTRIES,
 };
 
 /// A descriptor as a wire format carries it; implemented by each adapter's message type.
@@ -86,4 +86,51 @@ pub fn request_cost(field: &str, cost: u64) -> Result<Option<u64>, ApiError> {
         )));
     }
     Ok((cost > 0).then_some(cost))
+}
+
+/// A check or reserve message read once for the decision core: its domain, its cost and its
+/// descriptors' entries, borrowed (no string is copied). The core's [`Request`] borrows it in
+/// turn: `let d = w.descriptors(); let req = w.request(&d);`.
+#[derive(Debug)]
+pub struct WireRequest<'a, D> {
+    domain: &'a str,
+    descs: &'a [D],
+    hits: Option<u64>,
+    entries: Vec<Entry<'a>>,
+}
+
+impl<'a, D: WireDescriptor> WireRequest<'a, D> {
+    /// Reads `descs` of `domain` with the request-level `cost` (0 means 1), named `cost_field` in
+    /// errors.
+    ///
+    /// # Errors
+    /// As [`request_cost`], then as [`borrow_entries`].
+    pub fn read(
+        domain: &'a str,
+        descs: &'a [D],
+        cost_field: &str,
+        cost: u64,
+    ) -> Result<Self, ApiError> {
+        let hits = request_cost(cost_field, cost)?;
+        Ok(WireRequest {
+            domain,
+            descs,
+            hits,
+            entries: borrow_entries(descs)?,
+        })
+    }
+
+    /// The core's descriptors over the entries read.
+    pub fn descriptors(&self) -> Vec<Descriptor<'_>> {
+        borrow_descriptors(self.descs, &self.entries)
+    }
+
+    /// The core's request over `descriptors` (from [`descriptors`](Self::descriptors)).
+    pub fn request<'r>(&'r self, descriptors: &'r [Descriptor<'r>]) -> Request<'r> {
+        Request {
+            domain: self.domain,
+            descriptors,
+            hits_addend: self.hits,
+        }
+    }
 }

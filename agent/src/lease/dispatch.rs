@@ -155,35 +155,22 @@ async fn single(link: &AllocatorLink, op: Op, timeout: Duration) -> Answer {
         r.set_timeout(timeout);
         r
     }
+    // One RPC of `method` carrying `m`, its answer as `Outcome::$outcome`.
+    macro_rules! call {
+        ($m:ident, $method:ident, $outcome:ident) => {
+            link.call(|mut c| {
+                let r = req($m.clone(), timeout);
+                async move { c.$method(r).await }
+            })
+            .await
+            .map(Outcome::$outcome)
+        };
+    }
     let r = match op {
-        Op::Acquire(m) => link
-            .call(|mut c| {
-                let r = req(m.clone(), timeout);
-                async move { c.acquire(r).await }
-            })
-            .await
-            .map(Outcome::Acquire),
-        Op::Report(m) => link
-            .call(|mut c| {
-                let r = req(m.clone(), timeout);
-                async move { c.report(r).await }
-            })
-            .await
-            .map(Outcome::Report),
-        Op::Release(m) => link
-            .call(|mut c| {
-                let r = req(m.clone(), timeout);
-                async move { c.release(r).await }
-            })
-            .await
-            .map(Outcome::Release),
-        Op::Decide(m) => link
-            .call(|mut c| {
-                let r = req(m.clone(), timeout);
-                async move { c.decide(r).await }
-            })
-            .await
-            .map(Outcome::Decide),
+        Op::Acquire(m) => call!(m, acquire, Acquire),
+        Op::Report(m) => call!(m, report, Report),
+        Op::Release(m) => call!(m, release, Release),
+        Op::Decide(m) => call!(m, decide, Decide),
     };
     match r {
         Ok(o) => Answer::Done(o),
