@@ -1,5 +1,6 @@
 //! Enforcement of `scope: global` limits: allocations held per key, spent on the hot path with
-//! atomics ([`book`]); where each key stands with the allocator ([`protocol`]); central
+//! atomics ([`book`]; the decision itself, walked from adapter to answer, is
+//! [`book::decision_path`]); where each key stands with the allocator ([`protocol`]); central
 //! decisions for sparse keys and leases for busy ones ([`demand`]); acquired, reported,
 //! released and decided in the background ([`manager`]) from a two-lane queue ([`queue`]), in
 //! `Batch` calls, a few in flight ([`dispatch`]), backing off with jitter ([`backoff`]).
