@@ -83,6 +83,30 @@ pub fn ppm_of(value: u64, ppm: u32) -> u64 {
     u64::try_from(scaled).unwrap_or(u64::MAX)
 }
 
+/// `part / whole` in parts per million, rounded down, saturating at `u64::MAX` (a share given
+/// as a rate of the whole, for instance); a `whole` of 0 counts as 1.
+#[inline]
+pub fn ppm_in(part: u64, whole: u64) -> u64 {
+    let ppm = u128::from(part) * u128::from(PPM_PER_WHOLE) / u128::from(whole.max(1));
+    u64::try_from(ppm).unwrap_or(u64::MAX)
+}
+
+/// `part / whole` in parts per million, rounded up (the least share whose part of `whole`
+/// holds `part`), saturating at `u64::MAX`; a `whole` of 0 counts as 1.
+#[inline]
+pub fn ppm_in_ceil(part: u64, whole: u64) -> u64 {
+    let ppm = (u128::from(part) * u128::from(PPM_PER_WHOLE)).div_ceil(u128::from(whole.max(1)));
+    u64::try_from(ppm).unwrap_or(u64::MAX)
+}
+
+/// The rate, in units per second, of `amount` units over `ns` nanoseconds, rounded down;
+/// saturating at `u64::MAX`; an `ns` of 0 counts as 1.
+#[inline]
+pub fn per_second(amount: u64, ns: Nanos) -> u64 {
+    let r = u128::from(amount) * u128::from(NANOS_PER_SEC) / u128::from(ns.max(1));
+    u64::try_from(r).unwrap_or(u64::MAX)
+}
+
 /// `ceil(a / b)` on `u128`, for `b > 0`.
 #[inline]
 pub(crate) fn div_ceil_u128(a: u128, b: u128) -> u128 {
@@ -205,5 +229,20 @@ mod tests {
             .checked_mul(cap)
             .and_then(|v| v.checked_add(cap * MAX_PERIOD_NS as u128))
             .is_some());
+    }
+
+    #[test]
+    fn shares_and_per_second_rates_round_as_stated_and_saturate() {
+        assert_eq!(ppm_in(1, 3), 333_333);
+        assert_eq!(ppm_in_ceil(1, 3), 333_334);
+        assert_eq!(ppm_in(3, 3), PPM_PER_WHOLE);
+        assert_eq!(ppm_in(5, 0), 5 * PPM_PER_WHOLE);
+        assert_eq!(ppm_in(u64::MAX, 1), u64::MAX);
+        assert_eq!(ppm_in_ceil(u64::MAX, 1), u64::MAX);
+        assert_eq!(ppm_in_ceil(MICROS_PER_TOKEN, 3 * MICROS_PER_TOKEN), 333_334);
+        assert_eq!(per_second(5, 2 * NANOS_PER_SEC), 2);
+        assert_eq!(per_second(1, 0), NANOS_PER_SEC);
+        assert_eq!(per_second(u64::MAX, 1), u64::MAX);
+        assert_eq!(per_second(u64::MAX, u64::MAX), 1_000_000_000);
     }
 }

@@ -1,7 +1,8 @@
 //! One allocation held by the agent: a batch of spendable microtokens, spent with atomics on the
 //! hot path (seed §21, §31 step 6), closed before its final spend is read (issue 10 item 3).
 
-use allot_common::units::{Micros, Nanos, NANOS_PER_SEC};
+use allot_common::algorithm::Rate;
+use allot_common::units::{Micros, Nanos};
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -15,8 +16,7 @@ pub const ACCRUAL_DELAY_NS: Nanos = 1_000_000;
 
 /// What `rate_per_s` µtok/s accrues over `ns` nanoseconds, rounded down (saturating).
 fn accrued(rate_per_s: u64, ns: Nanos) -> Micros {
-    u64::try_from(u128::from(rate_per_s) * u128::from(ns) / u128::from(NANOS_PER_SEC))
-        .unwrap_or(u64::MAX)
+    Rate::per_second(rate_per_s).produced(ns)
 }
 
 /// The largest grant an allocation holds, microtokens (the top bit of the spend word is the
@@ -165,11 +165,8 @@ impl HeldAllocation {
             .saturating_add(cost);
         let need = used.saturating_sub(self.base);
         // The first ns at which ⌊rate · t / 10⁹⌋ ≥ need, counted from the accrual's start.
-        let t =
-            (u128::from(need) * u128::from(NANOS_PER_SEC)).div_ceil(u128::from(self.rate_per_s));
-        let at = self
-            .accrual_start
-            .saturating_add(u64::try_from(t).unwrap_or(u64::MAX));
+        let t = Rate::per_second(self.rate_per_s).time_for(need);
+        let at = self.accrual_start.saturating_add(t);
         (at < self.accrual_end.load(Ordering::Acquire) && used <= self.granted)
             .then(|| at.saturating_sub(now))
     }
@@ -528,7 +525,7 @@ mod tests {
 #[cfg(test)]
 mod accrual_tests {
     use super::*;
-    use allot_common::units::MICROS_PER_TOKEN as T;
+    use allot_common::units::{MICROS_PER_TOKEN as T, NANOS_PER_SEC};
 
     const S: Nanos = NANOS_PER_SEC;
 

@@ -8,7 +8,7 @@ use allot_common::algorithm::{
     LimitParams, LimitState, Rate, RateAlgorithm, TokenBucket, TokenBucketState,
 };
 use allot_common::config::{FailureMode, Rule, RuleLimit, PPM};
-use allot_common::units::{Micros, Nanos, MICROS_PER_TOKEN};
+use allot_common::units::{ppm_of, Micros, Nanos, MICROS_PER_TOKEN};
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -104,8 +104,7 @@ impl LeaseSizing {
         if !self.emergency.load(Ordering::Relaxed) {
             return 0;
         }
-        let r = u128::from(granted) * u128::from(ppm.min(PPM)) / u128::from(PPM);
-        u64::try_from(r).unwrap_or(granted).min(granted)
+        ppm_of(granted, ppm.min(PPM)).min(granted)
     }
 
     /// Largest grant, microtokens.

@@ -22,8 +22,9 @@ use super::close::close_all;
 use super::dispatch::{Answer, Dispatcher, MAX_BATCH_ITEMS, MAX_CALLS_IN_FLIGHT};
 use super::queue::{Pending, WorkQueue};
 use super::settings::LeaseSettings;
+use allot_common::algorithm::Rate;
 use allot_common::keyed::Keyed;
-use allot_common::units::{Micros, Nanos, MICROS_PER_TOKEN, NANOS_PER_SEC};
+use allot_common::units::{per_second, Micros, Nanos, MICROS_PER_TOKEN};
 use allot_proto::allot::v1 as pb;
 use parking_lot::Mutex;
 use pb::batch_item::Op;
@@ -389,10 +390,8 @@ fn measure(v: &KeyLease, elapsed: Nanos) {
     let admitted = v.admitted.load(Ordering::Relaxed);
     let before = v.prev_admitted.swap(admitted, Ordering::Relaxed);
     if elapsed > 0 {
-        let per_s = u128::from(admitted.saturating_sub(before)) * u128::from(NANOS_PER_SEC)
-            / u128::from(elapsed);
-        v.demand_per_s
-            .store(u64::try_from(per_s).unwrap_or(u64::MAX), Ordering::Relaxed);
+        let per_s = per_second(admitted.saturating_sub(before), elapsed);
+        v.demand_per_s.store(per_s, Ordering::Relaxed);
     }
 }
 
@@ -423,9 +422,7 @@ fn prefetch_due(book: &LeaseBook, v: &KeyLease, now: Nanos) -> bool {
         .map(|a| a.deadline)
         .max()
         .unwrap_or(0);
-    let need_soon =
-        u64::try_from(u128::from(demand) * u128::from(interval) / u128::from(NANOS_PER_SEC))
-            .unwrap_or(u64::MAX);
+    let need_soon = Rate::per_second(demand).produced(interval);
     let watermark = u64::try_from(
         u128::from(v.sizing.max_grant()) * u128::from(book.settings().low_watermark_pct) / 100,
     )

@@ -4,7 +4,7 @@
 
 use super::division::Demand;
 use super::fair_share::fair_part;
-use super::rates::{key_rate_ppm, promise, rate_per_s, RateAsk};
+use super::rates::{key_rate_ppm, promise, RateAsk};
 use super::sources::{available, check_id, debit, wait_for, Available, OverCapacity, Target};
 use super::{
     Acquire, Allocation, AllocationState, Charged, Denial, Grant, Ledger, LedgerError, Response,
@@ -163,7 +163,7 @@ impl Ledger {
             room: base.totals_room.saturating_sub(base.grant),
         };
         let ppm = self.rate_part(&t.kid, &a.region, &t.rule, &t.params, &ask);
-        let per_s = rate_per_s(&t.params, ppm);
+        let per_s = t.params.refill_rate().part_per_s(ppm);
         let promised = promise(per_s, duration_ms);
         if per_s == 0 || promised < MICROS_PER_TOKEN {
             RateSize::NONE

@@ -8,9 +8,8 @@
 
 use super::fair_share::{one_token_ppm, region_parts, RegionClaim};
 use super::{KeyId, KeyState, Ledger};
-use allot_common::algorithm::LimitParams;
-use allot_common::config::{Rule, RuleLimit, SharesMode, PPM};
-use allot_common::units::{Micros, NANOS_PER_SEC};
+use allot_common::config::{Rule, RuleLimit, SharesMode};
+use allot_common::units::{millis_to_nanos, per_second, Micros};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -48,8 +47,7 @@ impl Ask {
         if self.demand_per_s > 0 {
             return self.demand_per_s;
         }
-        let r = u128::from(self.want) * 1000 / u128::from(ttl_ms.max(1));
-        u64::try_from(r).unwrap_or(u64::MAX)
+        per_second(self.want, millis_to_nanos(ttl_ms.max(1)))
     }
 }
 
@@ -57,25 +55,6 @@ impl Ask {
 /// before its allocation dies, at most a lease plus the drift after its previous grant.
 pub(super) fn idle_after_ms(rule: &Rule) -> u64 {
     rule.lease.ttl_ms.saturating_add(rule.lease.max_drift_ms)
-}
-
-/// `micros_per_s` as parts per million of `params`' rate (saturating at `u32::MAX`).
-pub(super) fn rate_ppm(params: &LimitParams, micros_per_s: u64) -> u32 {
-    let (micros, per_ns) = match *params {
-        LimitParams::TokenBucket { rate, .. } | LimitParams::Gcra { rate, .. } => {
-            (rate.micros, rate.per_ns)
-        }
-        LimitParams::FixedWindow(w)
-        | LimitParams::SlidingWindow(w)
-        | LimitParams::SlidingLog(w) => (w.limit, w.period_ns),
-    };
-    // d × per_ns × 10⁶ / (micros × 10⁹) in u128; a product beyond u128 saturates.
-    let num = u128::from(micros_per_s) * u128::from(per_ns);
-    let den = u128::from(micros.max(1)) * u128::from(NANOS_PER_SEC);
-    let ppm = num
-        .checked_mul(u128::from(PPM))
-        .map_or(u128::MAX, |n| n / den.max(1));
-    u32::try_from(ppm).unwrap_or(u32::MAX)
 }
 
 /// What the recent requests of one region show, for its claim.
@@ -270,7 +249,7 @@ impl Ledger {
                 let seen_region = Seen {
                     asked: seen,
                     denied,
-                    demand_ppm: rate_ppm(&params, rate),
+                    demand_ppm: params.refill_rate().ppm_of_per_s(rate),
                     part_ppm: ks.parts.effective(region),
                     pending_ppm: ks.parts.pending_raise(region),
                 };
@@ -306,8 +285,8 @@ impl Ledger {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use allot_common::algorithm::Rate;
-    use allot_common::units::MICROS_PER_TOKEN as T;
+    use allot_common::algorithm::{LimitParams, Rate};
+    use allot_common::units::{MICROS_PER_TOKEN as T, NANOS_PER_SEC};
 
     #[test]
     fn demand_is_measured_in_parts_of_the_policy_rate() {
@@ -318,14 +297,14 @@ mod tests {
                 per_ns: NANOS_PER_SEC,
             },
         };
-        assert_eq!(rate_ppm(&bucket, 5 * T), 500_000);
-        assert_eq!(rate_ppm(&bucket, 0), 0);
-        assert_eq!(rate_ppm(&bucket, u64::MAX), u32::MAX);
+        assert_eq!(bucket.refill_rate().ppm_of_per_s(5 * T), 500_000);
+        assert_eq!(bucket.refill_rate().ppm_of_per_s(0), 0);
+        assert_eq!(bucket.refill_rate().ppm_of_per_s(u64::MAX), u32::MAX);
         let window = LimitParams::FixedWindow(allot_common::algorithm::WindowParams {
             limit: 60 * T,
             period_ns: 60 * NANOS_PER_SEC,
         });
-        assert_eq!(rate_ppm(&window, T / 2), 500_000);
+        assert_eq!(window.refill_rate().ppm_of_per_s(T / 2), 500_000);
         // A huge period times a huge demand saturates instead of overflowing.
         let slow = LimitParams::TokenBucket {
             capacity: T,
@@ -334,7 +313,7 @@ mod tests {
                 per_ns: u64::MAX,
             },
         };
-        assert_eq!(rate_ppm(&slow, u64::MAX), u32::MAX);
+        assert_eq!(slow.refill_rate().ppm_of_per_s(u64::MAX), u32::MAX);
     }
 
     #[test]

@@ -5,6 +5,7 @@
 //! (weighted max-min by demand, design §5: shares are guaranteed minimums and weights).
 
 use allot_common::config::PPM;
+use allot_common::units::ppm_in_ceil;
 
 /// The part of `pool` that `me` (an index into `wants`) gets when `wants` are divided max-min
 /// fairly. Integer arithmetic; the sum of all parts never exceeds `pool`.
@@ -156,8 +157,7 @@ pub fn one_token_ppm(capacity_micros: u64) -> u32 {
     if capacity_micros == 0 {
         return 0;
     }
-    let micros_per_token = u128::from(allot_common::units::MICROS_PER_TOKEN);
-    let ppm = (micros_per_token * u128::from(PPM)).div_ceil(u128::from(capacity_micros));
+    let ppm = ppm_in_ceil(allot_common::units::MICROS_PER_TOKEN, capacity_micros);
     u32::try_from(ppm).unwrap_or(PPM).min(PPM)
 }
 

@@ -8,7 +8,7 @@ use super::{
 use allot_common::algorithm::AlgorithmKind;
 use allot_common::config::{ConfigSet, DomainConfig, Rule, RuleLimit, Scope, PPM};
 use allot_common::descriptor::{encode_key, Descriptor, Entry, Request};
-use allot_common::units::MICROS_PER_TOKEN;
+use allot_common::units::{ppm_in, ppm_in_ceil, ppm_of, MICROS_PER_TOKEN};
 use std::path::Path;
 
 /// A policy key matched to its rule: the rule, the key id (rule id, canonical key) and the
@@ -338,18 +338,15 @@ fn check_grantable(rule: &Rule, region: &str, ppm: u32) -> Result<(), LedgerErro
         return Ok(());
     };
     let capacity = params.capacity();
-    let part = u128::from(capacity) * u128::from(ppm) / u128::from(PPM);
-    if ppm == 0 || part >= u128::from(MICROS_PER_TOKEN) {
+    if ppm == 0 || ppm_of(capacity, ppm) >= MICROS_PER_TOKEN {
         return Ok(());
     }
-    // The smallest share whose part holds one whole token, rounded up to a whole ppm.
-    let least =
-        (u128::from(MICROS_PER_TOKEN) * u128::from(PPM)).div_ceil(u128::from(capacity.max(1)));
     Err(LedgerError::NeverGrantable {
         policy: rule.name.clone(),
         region: region.to_string(),
         share_ppm: ppm,
-        least_ppm: u64::try_from(least).unwrap_or(u64::MAX),
+        // The smallest share whose part holds one whole token, rounded up to a whole ppm.
+        least_ppm: ppm_in_ceil(MICROS_PER_TOKEN, capacity),
         capacity_tokens: capacity / MICROS_PER_TOKEN,
     })
 }
@@ -357,8 +354,9 @@ fn check_grantable(rule: &Rule, region: &str, ppm: u32) -> Result<(), LedgerErro
 fn to_ppm(s: Share, requests_per_unit: u64) -> Option<u32> {
     match s {
         Share::Ppm(p) if p <= PPM => Some(p),
+        // r ≤ requests_per_unit, so the share is at most PPM and fits in u32.
         Share::Rate(r) if r <= requests_per_unit && requests_per_unit > 0 => {
-            Some((u128::from(r) * u128::from(PPM) / u128::from(requests_per_unit)) as u32)
+            u32::try_from(ppm_in(r, requests_per_unit)).ok()
         }
         _ => None,
     }

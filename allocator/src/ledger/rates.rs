@@ -6,13 +6,13 @@
 //! change of R re-tunes the buckets at that instant, so what the buckets and the holders get
 //! together is exactly the policy's refill: admitted ≤ B + r · (t₂ − t₁) + bound.
 
-use super::division::{rate_ppm, Demand};
+use super::division::Demand;
 use super::fair_share::fair_part;
 use super::sources::retune;
 use super::{Allocation, KeyId, KeyState, Ledger};
 use allot_common::algorithm::{LimitParams, Rate};
 use allot_common::config::{Rule, PPM};
-use allot_common::units::{millis_to_nanos, Micros, NANOS_PER_SEC};
+use allot_common::units::{millis_to_nanos, Micros};
 
 /// The most of a policy's rate its live allocations carry together, ppm: one ppm stays with the
 /// bucket, whose refill rate must stay positive (the decision core has no rate of 0).
@@ -81,18 +81,10 @@ pub(super) fn key_rate_ppm(ks: &KeyState) -> u64 {
         .fold(0, u64::saturating_add)
 }
 
-/// `ppm` of the policy rate of `params`, in microtokens per second, rounded down (what a holder
-/// accrues is never more than its part of the diverted refill).
-pub(super) fn rate_per_s(params: &LimitParams, ppm: u32) -> u64 {
-    let r = params.refill_rate();
-    let num = u128::from(r.micros) * u128::from(NANOS_PER_SEC) * u128::from(ppm);
-    let den = u128::from(r.per_ns.max(1)) * u128::from(PPM);
-    u64::try_from(num / den).unwrap_or(u64::MAX)
-}
-
-/// What `rate_per_s` accrues over `ms` milliseconds, microtokens, rounded down (saturating).
+/// What `rate_per_s` accrues over `ms` milliseconds, microtokens, rounded down (saturating):
+/// the promise of a rate-carrying allocation over its lease.
 pub(super) fn promise(rate_per_s: u64, ms: u64) -> Micros {
-    u64::try_from(u128::from(rate_per_s) * u128::from(ms) / 1000).unwrap_or(u64::MAX)
+    Rate::per_second(rate_per_s).produced(millis_to_nanos(ms))
 }
 
 impl Allocation {
@@ -145,7 +137,7 @@ impl Ledger {
         let held_region = ks.regions.get(region).map_or(0, |r| r.rate_ppm_live);
         let free_key = u64::from(MAX_RATE_PPM).saturating_sub(key_rate_ppm(ks));
         let free_region = whole.saturating_sub(held_region);
-        let want = u64::from(rate_ppm(params, ask.want_per_s));
+        let want = u64::from(params.refill_rate().ppm_of_per_s(ask.want_per_s));
         let ttl = rule.lease.ttl_ms;
         let now = self.last_ms;
         let mut wants: Vec<u64> = self
@@ -154,7 +146,7 @@ impl Ledger {
             .into_iter()
             .flat_map(|m| m.iter())
             .filter(|(h, x)| *h != ask.demand.holder && x.at_ms.saturating_add(ttl) > now)
-            .map(|(_, x)| u64::from(rate_ppm(params, x.demand_per_s)))
+            .map(|(_, x)| u64::from(params.refill_rate().ppm_of_per_s(x.demand_per_s)))
             .collect();
         wants.push(want);
         let me = wants.len() - 1;
@@ -162,7 +154,7 @@ impl Ledger {
         // The promise must fit the live totals: rate_per_s × duration / 1000 ≤ room.
         let max_per_s = u128::from(ask.room) * 1000 / u128::from(ask.duration_ms.max(1));
         let max_per_s = u64::try_from(max_per_s).unwrap_or(u64::MAX);
-        let fits = u64::from(rate_ppm(params, max_per_s));
+        let fits = u64::from(params.refill_rate().ppm_of_per_s(max_per_s));
         let ppm = want.min(free_key).min(free_region).min(fair).min(fits);
         u32::try_from(ppm).unwrap_or(0)
     }
@@ -236,7 +228,7 @@ impl Ledger {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use allot_common::units::MICROS_PER_TOKEN as T;
+    use allot_common::units::{MICROS_PER_TOKEN as T, NANOS_PER_SEC};
 
     fn bucket(tokens_per_s: u64, burst: u64) -> LimitParams {
         LimitParams::TokenBucket {
@@ -248,13 +240,13 @@ mod tests {
     #[test]
     fn rates_are_exact_parts_of_the_policy_rate() {
         let p = bucket(10, 40);
-        assert_eq!(rate_per_s(&p, 500_000), 5 * T);
-        assert_eq!(rate_per_s(&p, 0), 0);
-        assert_eq!(rate_per_s(&p, PPM), 10 * T);
+        assert_eq!(p.refill_rate().part_per_s(500_000), 5 * T);
+        assert_eq!(p.refill_rate().part_per_s(0), 0);
+        assert_eq!(p.refill_rate().part_per_s(PPM), 10 * T);
         // 10¹² tokens/s: 10¹⁸ µtok/s fits in u64.
         let huge = bucket(1_000_000_000_000, 1);
         assert!(carries_rates(&huge));
-        assert_eq!(rate_per_s(&huge, PPM), 1_000_000_000_000 * T);
+        assert_eq!(huge.refill_rate().part_per_s(PPM), 1_000_000_000_000 * T);
         assert_eq!(promise(u64::MAX, u64::MAX), u64::MAX, "saturates");
         assert_eq!(promise(10 * T, 60_000), 600 * T);
         assert_eq!(promise(3, 999), 2, "rounded down");

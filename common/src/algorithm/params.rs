@@ -1,7 +1,8 @@
 //! Validated, exact parameters of a limit.
 
 use crate::units::{
-    ppm_of, tokens_to_micros, Micros, Nanos, MAX_PERIOD_NS, MAX_TOKENS, PPM_PER_WHOLE,
+    ppm_of, tokens_to_micros, Micros, Nanos, MAX_PERIOD_NS, MAX_TOKENS, NANOS_PER_SEC,
+    PPM_PER_WHOLE,
 };
 use std::fmt;
 
@@ -42,6 +43,61 @@ impl Rate {
             micros: u64::try_from(micros / g).ok()?,
             per_ns: u64::try_from(per_ns / g).ok()?,
         })
+    }
+
+    /// `micros_per_s` microtokens per second, kept as given (not reduced: building one costs
+    /// nothing on a decision path, and every method below is exact for any terms of the same
+    /// ratio). A rate of 0 is allowed here; [`time_for`](Self::time_for) treats it as 1.
+    #[inline]
+    pub const fn per_second(micros_per_s: u64) -> Rate {
+        Rate {
+            micros: micros_per_s,
+            per_ns: NANOS_PER_SEC,
+        }
+    }
+
+    /// Nanoseconds for this rate to produce `cost` microtokens, rounded up (a wait is never
+    /// reported shorter than it is); saturates at `u64::MAX`. A zero `micros` term (never built
+    /// by [`new`](Self::new)) counts as one microtoken per period, never a division by zero.
+    /// Exact: 64-bit where the product fits, else 128-bit.
+    #[inline]
+    pub fn time_for(self, cost: Micros) -> Nanos {
+        let per_micro = self.micros.max(1);
+        // A 64-bit division is inlined where a 128-bit one is a library call; same quotient.
+        if let Some(units) = cost.checked_mul(self.per_ns) {
+            return units.div_ceil(per_micro);
+        }
+        let ns = (u128::from(cost) * u128::from(self.per_ns)).div_ceil(u128::from(per_micro));
+        u64::try_from(ns).unwrap_or(u64::MAX)
+    }
+
+    /// Microtokens this rate produces over `ns` nanoseconds, rounded down (what accrued is
+    /// never overstated); saturates at `u64::MAX`. A zero `per_ns` term counts as 1.
+    #[inline]
+    pub fn produced(self, ns: Nanos) -> Micros {
+        let m = u128::from(self.micros) * u128::from(ns) / u128::from(self.per_ns.max(1));
+        u64::try_from(m).unwrap_or(u64::MAX)
+    }
+
+    /// `ppm` parts per million of this rate, in microtokens per second, rounded down (a part of
+    /// the refill diverted to a holder is never overstated); saturates at `u64::MAX`. Exact: the
+    /// product fits in 128 bits for any terms.
+    pub fn part_per_s(self, ppm: u32) -> u64 {
+        let num = u128::from(self.micros) * u128::from(NANOS_PER_SEC) * u128::from(ppm);
+        let den = u128::from(self.per_ns.max(1)) * u128::from(PPM_PER_WHOLE);
+        u64::try_from(num / den).unwrap_or(u64::MAX)
+    }
+
+    /// What part of this rate `micros_per_s` microtokens per second is, in parts per million,
+    /// rounded down; saturates at `u32::MAX` (a rate above this one is more than 10⁶ ppm).
+    pub fn ppm_of_per_s(self, micros_per_s: u64) -> u32 {
+        // d × per_ns × 10⁶ / (micros × 10⁹) in u128; a product beyond u128 saturates.
+        let num = u128::from(micros_per_s) * u128::from(self.per_ns);
+        let den = u128::from(self.micros.max(1)) * u128::from(NANOS_PER_SEC);
+        let ppm = num
+            .checked_mul(u128::from(PPM_PER_WHOLE))
+            .map_or(u128::MAX, |n| n / den.max(1));
+        u32::try_from(ppm).unwrap_or(u32::MAX)
     }
 
     /// This rate × `ppm` / 10⁶, exactly (a regional share or an emergency fraction).
@@ -264,20 +320,11 @@ impl LimitParams {
         }
     }
 
-    /// Nanoseconds for the [`refill_rate`](Self::refill_rate) to produce `cost` microtokens,
-    /// rounded up (a wait is never reported shorter than it is); saturates at `u64::MAX`. A
-    /// zero rate term (never built by [`new`](Self::new)) counts as one microtoken per period,
-    /// never a division by zero. Exact: 64-bit where the product fits, else 128-bit.
+    /// Nanoseconds for the [`refill_rate`](Self::refill_rate) to produce `cost` microtokens:
+    /// [`Rate::time_for`] of it (rounded up, saturating).
     #[inline]
     pub fn time_for(&self, cost: Micros) -> Nanos {
-        let rate = self.refill_rate();
-        let per_micro = rate.micros.max(1);
-        // A 64-bit division is inlined where a 128-bit one is a library call; same quotient.
-        if let Some(units) = cost.checked_mul(rate.per_ns) {
-            return units.div_ceil(per_micro);
-        }
-        let ns = (u128::from(cost) * u128::from(rate.per_ns)).div_ceil(u128::from(per_micro));
-        u64::try_from(ns).unwrap_or(u64::MAX)
+        self.refill_rate().time_for(cost)
     }
 
     /// These parameters scaled by a share of `ppm` parts per million (a region's share of a
@@ -436,5 +483,38 @@ mod tests {
             bucket(999_999_999_999_999_989, 999_999_999_999_999_967).scaled(333_333),
             None
         );
+    }
+
+    #[test]
+    fn per_second_rates_produce_wait_and_divide_exactly_at_the_extremes() {
+        // 3 µtok/s: 1 µtok takes ⌈10⁹ / 3⌉ ns; 1 s produces 3, 999 ms produces 2 (rounded down).
+        let r = Rate::per_second(3);
+        assert_eq!(r.time_for(1), 333_333_334);
+        assert_eq!(r.produced(NANOS_PER_SEC), 3);
+        assert_eq!(r.produced(999_000_000), 2);
+        // A rate of 0 waits as if it were 1 µtok per period and produces nothing.
+        assert_eq!(Rate::per_second(0).time_for(2), 2 * NANOS_PER_SEC);
+        assert_eq!(Rate::per_second(0).produced(u64::MAX), 0);
+        // Saturation, never a wrap.
+        assert_eq!(Rate::per_second(u64::MAX).produced(u64::MAX), u64::MAX);
+        assert_eq!(Rate::per_second(1).time_for(u64::MAX), u64::MAX);
+        // A part of a refill rate in µtok/s and back: 10 tokens/s, half of it.
+        let ten = Rate::new(10_000_000, NANOS_PER_SEC).unwrap();
+        assert_eq!(ten.part_per_s(500_000), 5_000_000);
+        assert_eq!(ten.ppm_of_per_s(5_000_000), 500_000);
+        assert_eq!(ten.ppm_of_per_s(0), 0);
+        assert_eq!(ten.ppm_of_per_s(u64::MAX), u32::MAX);
+        let extreme = Rate::new(u64::MAX, 1).unwrap();
+        assert_eq!(extreme.part_per_s(u32::MAX), u64::MAX);
+        // Rounded down both ways: a part and its ppm never come back larger.
+        for (micros, per_ns) in [(1, 3), (7, 1_000), (3_000_000, 1_000), (u64::MAX, 7)] {
+            let rate = Rate::new(micros, per_ns).unwrap();
+            for ppm in [1, 333_333, 1_000_000, u32::MAX] {
+                let per_s = rate.part_per_s(ppm);
+                if per_s < u64::MAX {
+                    assert!(rate.ppm_of_per_s(per_s) <= ppm, "{rate:?} {ppm}");
+                }
+            }
+        }
     }
 }

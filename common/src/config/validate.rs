@@ -9,7 +9,7 @@ use super::{
 };
 use crate::algorithm::{AlgorithmKind, LimitParams};
 use crate::descriptor::MAX_PART_BYTES;
-use crate::units::{tokens_to_micros, MAX_PERIOD_NS, MAX_TOKENS, MICROS_PER_TOKEN};
+use crate::units::{ppm_in, tokens_to_micros, MAX_PERIOD_NS, MAX_TOKENS, MICROS_PER_TOKEN};
 use std::path::Path;
 
 /// Deepest descriptor nesting accepted (a request descriptor has at most this many entries).
@@ -558,9 +558,7 @@ fn region_share_ppm(cx: &Ctx<'_>, r: &RawRegion, rp: &str, rpu: u64) -> Result<u
             }
             match rate {
                 // v ≤ rpu, so the share is at most PPM and fits in u32.
-                Scalar::Unsigned(v) if *v <= rpu => {
-                    Ok((u128::from(*v) * u128::from(PPM) / u128::from(rpu)) as u32)
-                }
+                Scalar::Unsigned(v) if *v <= rpu => Ok(ppm_in(*v, rpu) as u32),
                 _ => Err(cx.invalid(
                     &format!("{rp}.rate"),
                     Some(rate),
