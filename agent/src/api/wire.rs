@@ -134,3 +134,77 @@ impl<'a, D: WireDescriptor> WireRequest<'a, D> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A descriptor of `(key, value)` entries with an optional own cost.
+    #[derive(Debug)]
+    struct Desc(Vec<(String, String)>, Option<u64>);
+
+    impl WireEntry for (String, String) {
+        fn key(&self) -> &str {
+            &self.0
+        }
+        fn value(&self) -> &str {
+            &self.1
+        }
+    }
+
+    impl WireDescriptor for Desc {
+        type Entry = (String, String);
+        fn entries(&self) -> &[(String, String)] {
+            &self.0
+        }
+        fn hits_addend(&self) -> Option<u64> {
+            self.1
+        }
+    }
+
+    fn desc(entries: &[(&str, &str)], hits: Option<u64>) -> Desc {
+        let e = entries
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Desc(e, hits)
+    }
+
+    #[test]
+    fn a_wire_request_borrows_each_descriptor_s_entries_in_order() {
+        let descs = [
+            desc(&[("tenant", "a"), ("path", "/x")], None),
+            desc(&[("ip", "1.2.3.4")], Some(3)),
+        ];
+        let w = WireRequest::read("api", &descs, "cost", 0).expect("valid");
+        let d = w.descriptors();
+        let req = w.request(&d);
+        assert_eq!((req.domain, req.hits_addend), ("api", None));
+        assert_eq!(req.descriptors.len(), 2);
+        let first: Vec<_> = req.descriptors[0].entries.iter().map(|e| e.value).collect();
+        assert_eq!(first, ["a", "/x"]);
+        assert_eq!(req.descriptors[1].entries[0].key, "ip");
+        assert_eq!(req.descriptors[1].hits_addend, Some(3));
+        let w = WireRequest::read("api", &descs, "cost", 7).expect("valid");
+        assert_eq!(w.request(&w.descriptors()).hits_addend, Some(7));
+    }
+
+    #[test]
+    fn the_cost_is_checked_before_the_entries_and_named_in_the_error() {
+        // Too many descriptors *and* a cost above the bound: the cost is reported, by its field.
+        let many: Vec<Desc> = (0..=MAX_DESCRIPTORS)
+            .map(|_| desc(&[("k", "v")], None))
+            .collect();
+        let e = WireRequest::read("api", &many, "max_cost", MAX_COST_TOKENS + 1).unwrap_err();
+        assert!(
+            matches!(&e, ApiError::Malformed(m) if m.starts_with("max_cost")),
+            "{e}"
+        );
+        let e = WireRequest::read("api", &many, "max_cost", MAX_COST_TOKENS).unwrap_err();
+        assert!(
+            matches!(e, ApiError::Invalid(RequestError::TooManyDescriptors { got, max })
+                if got == MAX_DESCRIPTORS + 1 && max == MAX_DESCRIPTORS),
+            "{e}"
+        );
+    }
+}
