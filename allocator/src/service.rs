@@ -43,7 +43,7 @@ pub use forward::FORWARDED_HEADER;
 #[cfg(doc)]
 use crate::ledger::LedgerError;
 use crate::ledger::{Command, Ledger, Response as LResp};
-use crate::raft::{ClientError, CommitError, GroupCommit, Node};
+use crate::raft::{ChannelFactory, ClientError, CommitError, GroupCommit, LazyTcpChannels, Node};
 use allot_proto::allot::v1 as pb;
 use allot_proto::allot::v1::allocator_client::AllocatorClient;
 use allot_proto::allot::v1::allocator_server::{Allocator, AllocatorServer};
@@ -59,7 +59,10 @@ use tonic::{Request, Response, Status};
 /// The `allot.v1.Allocator` service of one node.
 pub struct AllocatorService {
     node: Arc<Node<Ledger>>,
+    /// Channels to the leader for forwarded calls, by address.
     channels: Mutex<HashMap<String, Channel>>,
+    /// Makes those channels (plain TCP unless told: [`AllocatorService::with_channels`]).
+    connect: Arc<dyn ChannelFactory>,
     /// `None`: every write is its own Raft entry (the unbatched path, kept for comparison).
     commit: Option<GroupCommit<Ledger>>,
 }
@@ -72,8 +75,18 @@ impl AllocatorService {
         AllocatorService {
             node,
             channels: Mutex::new(HashMap::new()),
+            connect: Arc::new(LazyTcpChannels {
+                connect_timeout: std::time::Duration::from_secs(1),
+            }),
             commit,
         }
+    }
+
+    /// The same service reaching the leader through `connect` (a simulated network, issue 12).
+    #[must_use]
+    pub fn with_channels(mut self, connect: Arc<dyn ChannelFactory>) -> Self {
+        self.connect = connect;
+        self
     }
 
     /// The tonic server wrapper.

@@ -11,12 +11,16 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
+use tokio_stream::Stream;
+use tonic::transport::server::Connected;
 
 use crate::ledger::Ledger;
 use crate::raft::{
-    GroupCommit, GroupCommitConfig, LazyTcpChannels, Node, NodeClock, NodeConfig, NodeError, NodeId,
+    ChannelFactory, GroupCommit, GroupCommitConfig, LazyTcpChannels, Node, NodeClock, NodeConfig,
+    NodeError, NodeId, NodeStorage,
 };
 use crate::service::AllocatorService;
 pub use policy_files::{load_policy_files, PolicyFile, PolicyFilesError};
@@ -35,6 +39,18 @@ pub struct DaemonConfig {
     /// Policy documents to install when this node first leads (see
     /// [`policy_files::spawn_installer`]).
     pub policies: Vec<PolicyFile>,
+}
+
+/// The transport and storage a [`Daemon`] runs on: TCP and `data_dir` in production
+/// ([`Daemon::start_with`]), a simulated network and a pre-opened database in a simulation
+/// (issue 12 item 1).
+pub struct DaemonIo<I> {
+    /// Connections to serve Raft and the allocator API on.
+    pub incoming: I,
+    /// How to reach peers (Raft) and the leader (forwarded calls).
+    pub channels: Arc<dyn ChannelFactory>,
+    /// The opened database and its flush mode; `None` opens `data_dir` with background flushes.
+    pub storage: Option<NodeStorage>,
 }
 
 /// Why a [`Daemon`] could not start.
@@ -83,6 +99,29 @@ impl Daemon {
         listener: TcpListener,
         group_commit: Option<GroupCommitConfig>,
     ) -> Result<Self, DaemonError> {
+        let io = DaemonIo {
+            incoming: tokio_stream::wrappers::TcpListenerStream::new(listener),
+            channels: Arc::new(LazyTcpChannels::default()),
+            storage: None,
+        };
+        Self::start_on(config, clock, io, group_commit).await
+    }
+
+    /// [`Daemon::start_with`] on any transport and storage ([`DaemonIo`]).
+    ///
+    /// # Errors
+    /// As [`Daemon::start`].
+    pub async fn start_on<I, IO, IE>(
+        config: DaemonConfig,
+        clock: Arc<dyn NodeClock>,
+        io: DaemonIo<I>,
+        group_commit: Option<GroupCommitConfig>,
+    ) -> Result<Self, DaemonError>
+    where
+        I: Stream<Item = Result<IO, IE>> + Send + 'static,
+        IO: AsyncRead + AsyncWrite + Connected + Unpin + Send + 'static,
+        IE: Into<Box<dyn std::error::Error + Send + Sync>> + Send + 'static,
+    {
         if config.tick_every.is_zero() {
             return Err(DaemonError::Config("the tick period must be > 0".into()));
         }
@@ -92,11 +131,20 @@ impl Daemon {
                 "node {id} initialises the cluster but is not among its members"
             )));
         }
-        let node = Node::open(config.node, clock, Arc::new(LazyTcpChannels::default())).await?;
+        let DaemonIo {
+            incoming,
+            channels,
+            storage,
+        } = io;
+        let node = match storage {
+            Some(storage) => {
+                Node::open_with_storage(config.node, clock, channels.clone(), storage).await?
+            }
+            None => Node::open(config.node, clock, channels.clone()).await?,
+        };
         let node = Arc::new(node);
         let commit = group_commit.map(|c| node.group_commit(c));
-        let api = AllocatorService::new(node.clone(), commit.clone());
-        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        let api = AllocatorService::new(node.clone(), commit.clone()).with_channels(channels);
         // A node opened just above cannot be serving already; the check is the node's own.
         if let Err(e) = node.serve(incoming, api.into_routes()) {
             let _ = node.shutdown().await;

@@ -21,6 +21,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use super::codec::{decode, encode};
+use super::flush::Flush;
 use super::types::NodeId;
 
 /// Name of the sled tree holding log entries.
@@ -40,6 +41,7 @@ pub struct SledLogStore<C> {
     db: sled::Db,
     log: sled::Tree,
     meta: sled::Tree,
+    flush: Flush,
     _types: PhantomData<fn() -> C>,
 }
 
@@ -49,6 +51,7 @@ impl<C> Clone for SledLogStore<C> {
             db: self.db.clone(),
             log: self.log.clone(),
             meta: self.meta.clone(),
+            flush: self.flush,
             _types: PhantomData,
         }
     }
@@ -80,8 +83,16 @@ where
             db: db.clone(),
             log: db.open_tree(LOG_TREE)?,
             meta: db.open_tree(META_TREE)?,
+            flush: Flush::default(),
             _types: PhantomData,
         })
+    }
+
+    /// The same store flushing the `flush` way ([`Flush::Background`] unless told).
+    #[must_use]
+    pub fn with_flush(mut self, flush: Flush) -> Self {
+        self.flush = flush;
+        self
     }
 
     fn read_meta<T: DeserializeOwned>(
@@ -197,8 +208,8 @@ where
     async fn save_vote(&mut self, vote: &Vote<NodeId>) -> Result<(), StorageError<NodeId>> {
         self.write_meta(KEY_VOTE, vote, StorageIOError::write_vote)?;
         // Raft safety needs the vote on disk before any reply that depends on it.
-        self.meta
-            .flush_async()
+        self.flush
+            .run(&self.meta)
             .await
             .map_err(|e| StorageIOError::write_vote(&e))?;
         Ok(())
@@ -241,7 +252,7 @@ where
         self.log
             .apply_batch(batch)
             .map_err(|e| StorageIOError::write_logs(&e))?;
-        let flushed = self.log.flush_async().await;
+        let flushed = self.flush.run(&self.log).await;
         callback.log_io_completed(flushed.map(|_| ()).map_err(std::io::Error::other));
         Ok(())
     }
@@ -255,8 +266,8 @@ where
         self.log
             .apply_batch(batch)
             .map_err(|e| StorageIOError::write_logs(&e))?;
-        self.log
-            .flush_async()
+        self.flush
+            .run(&self.log)
             .await
             .map_err(|e| StorageIOError::write_logs(&e))?;
         Ok(())
@@ -266,8 +277,8 @@ where
         // Record the purge point first: if we crash before the entries are removed, the log
         // state still reports them as purged and they are never served.
         self.write_meta(KEY_LAST_PURGED, &log_id, StorageIOError::write_logs)?;
-        self.meta
-            .flush_async()
+        self.flush
+            .run(&self.meta)
             .await
             .map_err(|e| StorageIOError::write_logs(&e))?;
         let mut batch = sled::Batch::default();

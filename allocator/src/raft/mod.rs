@@ -10,6 +10,7 @@
 //! - [`node`]: one allocator node tying the above together ([`Node`]).
 //! - [`group_commit`]: the leader's group commit, many commands per entry ([`GroupCommit`]).
 //! - [`clock`]: the injected wall and monotonic clocks.
+//! - [`flush`]: how the sled stores make writes durable (background, or inline for simulations).
 //! - [`ledger_time`]: the stamp a node proposes, never ahead of real time ([`LedgerTime`]).
 //! - [`skew`]: this node's wall clock against ledger time, warned about and counted.
 //! - `ledger_app`: the glue making the pure [`Ledger`](crate::ledger::Ledger) the replicated
@@ -19,6 +20,7 @@
 
 pub mod app;
 mod codec;
+pub mod flush;
 pub mod group_commit;
 mod ledger_app;
 pub mod ledger_time;
@@ -34,12 +36,15 @@ pub mod test_app;
 pub mod types;
 
 pub use app::{App, AppError};
+pub use flush::Flush;
 pub use group_commit::{Batching, CommitError, FlushHold, GroupCommit, GroupCommitConfig};
 pub use ledger_time::LedgerTime;
 pub use log_store::SledLogStore;
 pub use network_in::RaftServiceHandler;
 pub use network_out::{ChannelFactory, GrpcNetworkFactory, LazyTcpChannels};
-pub use node::{open_db, AlreadyServing, ClientError, Node, NodeConfig, NodeError, RaftTimings};
+pub use node::{
+    open_db, AlreadyServing, ClientError, Node, NodeConfig, NodeError, NodeStorage, RaftTimings,
+};
 pub use node_clock::{ManualNodeClock, NodeClock, SystemNodeClock};
 pub use skew::{SkewCheck, SkewStatus};
 pub use state_machine::{SledStateMachine, StateMachineHandle};

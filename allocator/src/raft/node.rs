@@ -21,6 +21,7 @@ use tonic::service::Routes;
 use tonic::transport::server::Connected;
 
 use super::app::App;
+use super::flush::Flush;
 use super::group_commit::{Batching, GroupCommit, GroupCommitConfig};
 use super::ledger_time::LedgerTime;
 use super::log_store::SledLogStore;
@@ -107,6 +108,18 @@ pub enum NodeError {
     Flush(sled::Error),
 }
 
+/// A node's opened sled database and how its stores flush: what [`Node::open_with_storage`]
+/// runs on. [`Node::open`] opens `data_dir` itself with [`Flush::Background`]; a simulation
+/// opens the database first (so a restart never waits on sled's lock in simulated time) and
+/// flushes inline (issue 12 item 1).
+#[derive(Debug, Clone)]
+pub struct NodeStorage {
+    /// The node's database.
+    pub db: sled::Db,
+    /// Where its stores flush.
+    pub flush: Flush,
+}
+
 /// [`Node::serve`] was called on a node that already serves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("the node already serves")]
@@ -142,6 +155,7 @@ pub struct Node<A: App> {
     time: Arc<LedgerTime>,
     skew: SkewMonitor,
     db: sled::Db,
+    flush: Flush,
     server: Mutex<Option<Server>>,
 }
 
@@ -216,6 +230,30 @@ impl<A: App> Node<A> {
         clock: Arc<dyn NodeClock>,
         channels: Arc<dyn ChannelFactory>,
     ) -> Result<Self, NodeError> {
+        let db = open_db(&config.data_dir)
+            .await
+            .map_err(|source| NodeError::OpenDb {
+                path: config.data_dir.clone(),
+                source,
+            })?;
+        let storage = NodeStorage {
+            db,
+            flush: Flush::Background,
+        };
+        Self::open_with_storage(config, clock, channels, storage).await
+    }
+
+    /// [`Node::open`] on a database already opened (`config.data_dir` is then only named in
+    /// errors), its stores flushing the `storage.flush` way.
+    ///
+    /// # Errors
+    /// As [`Node::open`].
+    pub async fn open_with_storage(
+        config: NodeConfig,
+        clock: Arc<dyn NodeClock>,
+        channels: Arc<dyn ChannelFactory>,
+        storage: NodeStorage,
+    ) -> Result<Self, NodeError> {
         let raft_config = Config {
             cluster_name: config.cluster_name.clone(),
             heartbeat_interval: config.timings.heartbeat_ms,
@@ -233,9 +271,11 @@ impl<A: App> Node<A> {
             path: config.data_dir.clone(),
             source,
         };
-        let db = open_db(&config.data_dir).await.map_err(open_err)?;
-        let log_store = SledLogStore::<AllotRaft<A>>::open(&db).map_err(open_err)?;
-        let state_machine = SledStateMachine::<A>::open_with_clock(&db, clock)?;
+        let NodeStorage { db, flush } = storage;
+        let log_store = SledLogStore::<AllotRaft<A>>::open(&db)
+            .map_err(open_err)?
+            .with_flush(flush);
+        let state_machine = SledStateMachine::<A>::open_with_clock(&db, clock)?.with_flush(flush);
         let state = state_machine.handle();
         let time = state_machine.ledger_time();
         let network = GrpcNetworkFactory::<A>::new(config.id, channels);
@@ -258,6 +298,7 @@ impl<A: App> Node<A> {
             time,
             skew: SkewMonitor::default(),
             db,
+            flush,
             server: Mutex::new(None),
         })
     }
@@ -506,7 +547,7 @@ impl<A: App> Node<A> {
             }
             None => Ok(()),
         };
-        self.db.flush_async().await.map_err(NodeError::Flush)?;
+        self.flush.run(&self.db).await.map_err(NodeError::Flush)?;
         raft_result.map_err(|e| NodeError::Fatal(e.to_string()))?;
         server_result
     }

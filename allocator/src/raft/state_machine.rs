@@ -23,6 +23,7 @@ use serde::{Deserialize, Serialize};
 
 use super::app::{App, AppError};
 use super::codec::{decode, encode};
+use super::flush::Flush;
 use super::ledger_time::LedgerTime;
 use super::node_clock::{NodeClock, SystemNodeClock};
 use super::types::{AllotRaft, NodeId, Stamped};
@@ -127,6 +128,7 @@ pub struct SledStateMachine<A> {
     snapshot_seq: Arc<AtomicU64>,
     /// This node's view of ledger time, told of every stamp applied, restored or installed.
     time: Arc<LedgerTime>,
+    flush: Flush,
 }
 
 impl<A: App> SledStateMachine<A> {
@@ -171,7 +173,16 @@ impl<A: App> SledStateMachine<A> {
             store_lock: Arc::new(Mutex::new(())),
             snapshot_seq: Arc::new(AtomicU64::new(0)),
             time,
+            flush: Flush::default(),
         })
+    }
+
+    /// The same state machine flushing snapshots the `flush` way ([`Flush::Background`] unless
+    /// told).
+    #[must_use]
+    pub fn with_flush(mut self, flush: Flush) -> Self {
+        self.flush = flush;
+        self
     }
 
     /// This node's view of ledger time, which proposers stamp entries from (issue 10 item 2).
@@ -223,6 +234,7 @@ pub struct SledSnapshotBuilder<A> {
     membership: Membership,
     last_stamped_ms: u64,
     app: A,
+    flush: Flush,
 }
 
 impl<A: App> RaftSnapshotBuilder<AllotRaft<A>> for SledSnapshotBuilder<A> {
@@ -246,8 +258,8 @@ impl<A: App> RaftSnapshotBuilder<AllotRaft<A>> for SledSnapshotBuilder<A> {
             .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), &e))?;
         let stored = StoredSnapshot { meta, data };
         store_snapshot(&self.tree, &self.store_lock, &stored)?;
-        self.tree
-            .flush_async()
+        self.flush
+            .run(&self.tree)
             .await
             .map_err(|e| StorageIOError::write_snapshot(Some(stored.meta.signature()), &e))?;
         Ok(Snapshot {
@@ -310,6 +322,7 @@ impl<A: App> RaftStateMachine<AllotRaft<A>> for SledStateMachine<A> {
             last_stamped_ms: state.last_stamped_ms,
             // A copy, not the encoding: the lock is held only for the clone.
             app: state.app.clone(),
+            flush: self.flush,
         }
     }
 
@@ -337,8 +350,8 @@ impl<A: App> RaftStateMachine<AllotRaft<A>> for SledStateMachine<A> {
             data,
         };
         store_snapshot(&self.tree, &self.store_lock, &stored)?;
-        self.tree
-            .flush_async()
+        self.flush
+            .run(&self.tree)
             .await
             .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), &e))?;
         let stamp = new_state.last_stamped_ms;

@@ -25,11 +25,10 @@ impl AllocatorService {
         if let Some(c) = m.get(addr) {
             return Ok(AllocatorClient::new(c.clone()));
         }
-        let ep = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-            .map_err(|e| Status::internal(format!("bad leader address {addr:?}: {e}")))?
-            .connect_timeout(Duration::from_secs(1))
-            .timeout(FORWARD_TIMEOUT);
-        let ch = ep.connect_lazy();
+        let ch = self
+            .connect
+            .channel(addr)
+            .map_err(|e| Status::internal(format!("bad leader address {addr:?}: {e}")))?;
         m.insert(addr.to_string(), ch.clone());
         Ok(AllocatorClient::new(ch))
     }
@@ -52,9 +51,10 @@ impl AllocatorService {
         let Some(addr) = leader_addr.clone().filter(|_| !forwarded) else {
             return Err(not_leader(leader_id, leader_addr));
         };
-        match forward(self.client(&addr)?).await {
-            Err(s) if s.code() == Code::Unavailable => Err(not_leader(leader_id, Some(addr))),
-            other => other,
+        match tokio::time::timeout(FORWARD_TIMEOUT, forward(self.client(&addr)?)).await {
+            Err(_elapsed) => Err(Status::deadline_exceeded("the forwarded call timed out")),
+            Ok(Err(s)) if s.code() == Code::Unavailable => Err(not_leader(leader_id, Some(addr))),
+            Ok(other) => other,
         }
     }
 }
