@@ -13,6 +13,7 @@ use allot_proto::error_detail;
 use parking_lot::Mutex;
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status};
@@ -28,12 +29,18 @@ pub enum LinkError {
     BadEndpoint(String, String),
 }
 
+/// Makes a lazily connecting channel to an allocator address ("host:port" or a URI), calls
+/// bounded by the given timeout: plain TCP ([`tcp_channel`]) unless a simulation supplies its
+/// network (issue 12 item 1).
+pub type Connect = Arc<dyn Fn(&str, Duration) -> Result<Channel, LinkError> + Send + Sync>;
+
 /// Connections to the allocator nodes.
 pub struct AllocatorLink {
     endpoints: Vec<(String, Channel)>,
     current: AtomicUsize,
     hinted: Mutex<Option<(String, Channel)>>,
     timeout: Duration,
+    connect: Connect,
 }
 
 impl std::fmt::Debug for AllocatorLink {
@@ -47,7 +54,12 @@ impl std::fmt::Debug for AllocatorLink {
     }
 }
 
-fn channel(addr: &str, timeout: Duration) -> Result<Channel, LinkError> {
+/// A plain TCP channel to `addr` ("host:port" or a URI), connecting on first use; connects and
+/// calls time out after `timeout`.
+///
+/// # Errors
+/// [`LinkError::BadEndpoint`] when `addr` is not a valid URI.
+pub fn tcp_channel(addr: &str, timeout: Duration) -> Result<Channel, LinkError> {
     let uri = if addr.contains("://") {
         addr.to_string()
     } else {
@@ -222,18 +234,32 @@ impl AllocatorLink {
     /// # Errors
     /// [`LinkError`] for an empty list or an unparsable address.
     pub fn new(endpoints: &[String], timeout: Duration) -> Result<Self, LinkError> {
+        Self::with_connect(endpoints, timeout, Arc::new(tcp_channel))
+    }
+
+    /// [`AllocatorLink::new`] making its channels (to the endpoints and to hinted leaders)
+    /// with `connect`.
+    ///
+    /// # Errors
+    /// [`LinkError`] for an empty list, or what `connect` returns.
+    pub fn with_connect(
+        endpoints: &[String],
+        timeout: Duration,
+        connect: Connect,
+    ) -> Result<Self, LinkError> {
         if endpoints.is_empty() {
             return Err(LinkError::NoEndpoints);
         }
         let endpoints = endpoints
             .iter()
-            .map(|a| Ok((a.clone(), channel(a, timeout)?)))
+            .map(|a| Ok((a.clone(), connect(a, timeout)?)))
             .collect::<Result<Vec<_>, LinkError>>()?;
         Ok(AllocatorLink {
             endpoints,
             current: AtomicUsize::new(0),
             hinted: Mutex::new(None),
             timeout,
+            connect,
         })
     }
 
@@ -299,7 +325,7 @@ impl AllocatorLink {
         F: Fn(AllocatorClient<Channel>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, Status>>,
     {
-        let ch = channel(addr, self.timeout).ok()?;
+        let ch = (self.connect)(addr, self.timeout).ok()?;
         *self.hinted.lock() = Some((addr.to_string(), ch.clone()));
         self.once(call, ch).await.ok()
     }

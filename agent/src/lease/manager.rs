@@ -90,24 +90,28 @@ impl LeaseManager {
             if pause.until.is_none() {
                 me.launch(&mut calls, pause.generation);
             }
+            // Polled in this order, not at random (`biased`): a run on simulated time makes the
+            // same choice every time (issue 12). Nothing starves: answers are at most
+            // MAX_CALLS_IN_FLIGHT, the tick and the pause fire once per period.
             tokio::select! {
-                ev = events.recv() => match ev {
-                    Some(ev) => me.enqueue(ev),
-                    None => break,
-                },
-                _ = tick.tick() => me.collect(),
-                Some(done) = calls.join_next(), if !calls.is_empty() => {
-                    let (sent_in, up) = done.unwrap_or((pause.generation, false));
-                    me.after_send(&mut pause, sent_in, up);
-                }
-                _ = async { tokio::time::sleep_until(pause.until.expect("guarded")).await }, if pause.until.is_some() => {
-                    pause.until = None;
-                }
+                biased;
                 r = shutdown.changed() => {
                     if r.is_err() || *shutdown.borrow() {
                         break;
                     }
                 }
+                Some(done) = calls.join_next(), if !calls.is_empty() => {
+                    let (sent_in, up) = done.unwrap_or((pause.generation, false));
+                    me.after_send(&mut pause, sent_in, up);
+                }
+                _ = tick.tick() => me.collect(),
+                _ = async { tokio::time::sleep_until(pause.until.expect("guarded")).await }, if pause.until.is_some() => {
+                    pause.until = None;
+                }
+                ev = events.recv() => match ev {
+                    Some(ev) => me.enqueue(ev),
+                    None => break,
+                },
             }
         }
         // Nothing queued from now on is sent: decisions stop waiting for calls.
@@ -177,11 +181,16 @@ impl LeaseManager {
         } else {
             now.saturating_sub(prev)
         };
-        for table in self.book.tables() {
-            for kl in table.snapshot() {
-                measure(&kl.value, elapsed);
-                self.settle_key(&kl, now);
-            }
+        let tables = self.book.tables();
+        // In key order, not the tables' (randomly seeded) hash order: the work is queued, and
+        // allocation ids assigned, in the same order on every run of a simulation (issue 12).
+        let mut keys: Vec<_> = tables.iter().flat_map(|t| t.snapshot()).collect();
+        keys.sort_by(|a, b| (&a.value.domain, a.key()).cmp(&(&b.value.domain, b.key())));
+        for kl in keys {
+            measure(&kl.value, elapsed);
+            self.settle_key(&kl, now);
+        }
+        for table in tables {
             let idle = ms(self.book.settings().idle_evict_ms);
             table.retain(|k| {
                 let v = &k.value;
