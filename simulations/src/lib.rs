@@ -7,7 +7,9 @@
 //! * [`scenario`]: the Acme story (burst, sustained overload, regional skew, leader failover);
 //! * [`demand`]: quota follows demand — parts whose recorded arrivals are replayed through the
 //!   [`ideal`] central counter, with [`arrivals`] the recorded traffic and [`zipf`] key
-//!   popularity.
+//!   popularity;
+//! * [`sim`]: the deterministic simulation of the whole system under seeded faults
+//!   (`allot-sim`).
 
 #![warn(missing_docs)]
 
@@ -18,4 +20,5 @@ pub mod local;
 pub mod noop;
 pub mod rls;
 pub mod scenario;
+pub mod sim;
 pub mod zipf;
