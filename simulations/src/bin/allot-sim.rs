@@ -1,6 +1,7 @@
 //! `allot-sim`: the deterministic simulation (issue 12). `--seeds N` runs seeds 0..N and prints
 //! a summary; `--seed N` runs one and prints its report, the same every time.
 
+use allot_simulations::sim::faults::FaultKind;
 use allot_simulations::sim::summary::{one, Summary};
 use allot_simulations::sim::workload::Workload;
 use allot_simulations::sim::{run, SimConfig};
@@ -34,6 +35,9 @@ struct Args {
     /// One workload only: acme-burst, quiet, regional-skew, zipf-1000.
     #[arg(long)]
     workload: Option<String>,
+    /// Only faults of these kinds (repeatable; e.g. state-loss, node-crash).
+    #[arg(long)]
+    only: Vec<String>,
     /// Print every run's report in a sweep.
     #[arg(long)]
     verbose: bool,
@@ -48,6 +52,13 @@ fn main() -> Result<()> {
             None => bail!("unknown workload {name:?}"),
         },
     };
+    let mut only = Vec::new();
+    for name in &args.only {
+        match FaultKind::ALL.iter().find(|k| k.to_string() == *name) {
+            Some(k) => only.push(*k),
+            None => bail!("unknown fault kind {name:?}"),
+        }
+    }
     if ![3, 5].contains(&args.nodes) {
         bail!("--nodes must be 3 or 5");
     }
@@ -57,7 +68,7 @@ fn main() -> Result<()> {
         nodes: args.nodes,
         faults: !args.no_faults,
         workload,
-        ..SimConfig::default()
+        only,
     };
     let replay = |seed: u64| {
         let mut c = format!(
@@ -70,6 +81,9 @@ fn main() -> Result<()> {
         }
         if let Some(w) = &args.workload {
             c.push_str(&format!(" --workload {w}"));
+        }
+        for k in &args.only {
+            c.push_str(&format!(" --only {k}"));
         }
         c
     };

@@ -140,16 +140,28 @@ pub struct Shape {
     pub regions: usize,
 }
 
-/// Up to three faults for a run of `duration_ms`, drawn from `seed`, inside
-/// `[start_ms, duration_ms − 3 s)` so every run ends with a quiet stretch.
-pub fn schedule(seed: u64, shape: Shape, start_ms: u64, duration_ms: u64) -> Vec<Fault> {
+/// Up to three faults of the kinds in `kinds` (every kind when empty) for a run of
+/// `duration_ms`, drawn from `seed`, inside `[start_ms, duration_ms − 3 s)` so every run ends
+/// with a quiet stretch.
+pub fn schedule(
+    seed: u64,
+    shape: Shape,
+    start_ms: u64,
+    duration_ms: u64,
+    kinds: &[FaultKind],
+) -> Vec<Fault> {
+    let kinds = if kinds.is_empty() {
+        &FaultKind::ALL[..]
+    } else {
+        kinds
+    };
     let mut rng = SplitMix64::new(seed ^ 0x6661_756c_7473_0000);
     let mut pick = |n: u64| rng.next_u64() % n.max(1);
     let count = pick(4);
     let last = duration_ms.saturating_sub(3_000).max(start_ms + 1);
     let mut faults = Vec::new();
     for _ in 0..count {
-        let kind = FaultKind::ALL[pick(FaultKind::ALL.len() as u64) as usize];
+        let kind = kinds[pick(kinds.len() as u64) as usize];
         let at_ms = start_ms + pick(last - start_ms);
         let len = 500 + pick(2_500);
         let until_ms = (at_ms + len).min(last);
@@ -205,8 +217,11 @@ mod tests {
             regions: 2,
         };
         for seed in 0..200 {
-            let a = schedule(seed, shape, 2_000, 12_000);
-            assert_eq!(a, schedule(seed, shape, 2_000, 12_000));
+            let a = schedule(seed, shape, 2_000, 12_000, &[]);
+            assert_eq!(a, schedule(seed, shape, 2_000, 12_000, &[]));
+            let only = [FaultKind::StateLoss];
+            let b = schedule(seed, shape, 2_000, 12_000, &only);
+            assert!(b.iter().all(|f| f.kind == FaultKind::StateLoss));
             assert!(a.len() <= 3);
             for f in a {
                 assert!(

@@ -46,7 +46,7 @@ pub struct SimConfig {
     pub faults: bool,
     /// The workload; `None` cycles through them by seed.
     pub workload: Option<Workload>,
-    /// Only these fault kinds (empty: any).
+    /// Draw faults of these kinds only (empty: any).
     pub only: Vec<FaultKind>,
 }
 
@@ -206,14 +206,17 @@ fn run_in(seed: u64, config: &SimConfig, dir: &std::path::Path) -> Result<RunRep
         agents: AGENT_REGIONS.len(),
         regions: REGIONS.len(),
     };
-    let mut faults = if config.faults {
-        schedule(seed, shape, config.traffic_from_ms, config.duration_ms)
+    let faults = if config.faults {
+        schedule(
+            seed,
+            shape,
+            config.traffic_from_ms,
+            config.duration_ms,
+            &config.only,
+        )
     } else {
         Vec::new()
     };
-    if !config.only.is_empty() {
-        faults.retain(|f| config.only.contains(&f.kind));
-    }
     let policies = ConfigSet::from_yaml(POLICY, std::path::Path::new("sim.yaml"))?;
 
     let mut sim = turmoil::Builder::new()
