@@ -38,6 +38,9 @@ pub(super) struct Ask {
     pub(super) at_ms: u64,
     /// When the holder was last denied for this key, Unix ms (0: never).
     pub(super) denied_at_ms: u64,
+    /// When the holder's current run of asks began, Unix ms: its asks since then came no
+    /// further apart than the idle window.
+    pub(super) since_ms: u64,
 }
 
 impl Ask {
@@ -70,6 +73,9 @@ struct Seen {
     part_ppm: u32,
     /// The part a pending raise is taking it to, ppm (0 when none).
     pending_ppm: u32,
+    /// It resumed within the idle window: every holder asking now began asking since then, so
+    /// what they asked says little about its demand yet.
+    resumed: bool,
 }
 
 impl Seen {
@@ -82,8 +88,12 @@ impl Seen {
     ///   is not hungry, so a steady region stays where it is);
     /// * a region whose raise still waits for free space keeps claiming it: what it measures
     ///   meanwhile is only what its smaller part allowed;
-    /// * while the key is fresh every region claims at least its guarantee (one request says
-    ///   little about a region's demand), and a region that has not asked claims just that.
+    /// * while the key is fresh, and while a region has just resumed asking after an idle
+    ///   window, the region claims at least its guarantee: one request (a central decision of
+    ///   one token, the first Acquire) says little about its demand, and a guarantee claimed
+    ///   only once the region shows more would take a second handoff to arrive;
+    /// * a region that has not asked claims just its guarantee (it is busy only while the key
+    ///   is fresh).
     fn claim(&self, g: u32, fresh: bool) -> RegionClaim {
         let (demand, part) = (self.demand_ppm, self.part_ppm);
         let saturated = part > 0 && u64::from(demand) * 16 >= u64::from(part) * 15;
@@ -95,7 +105,7 @@ impl Seen {
             demand.saturating_add(demand / 8)
         };
         let claim = claim.max(self.pending_ppm);
-        let claim = match (self.asked, fresh) {
+        let claim = match (self.asked, fresh || self.resumed) {
             (false, _) => g,
             (true, true) => claim.max(g),
             (true, false) => claim,
@@ -127,7 +137,10 @@ impl Ledger {
             .or_default();
         let before = asks.len();
         asks.retain(|_, x| x.at_ms.saturating_add(idle) > now);
-        let denied_at_ms = asks.get(d.holder).map_or(0, |x| x.denied_at_ms);
+        // Only asks within the idle window are left: the holder's run goes on, or starts now.
+        let (denied_at_ms, since_ms) = asks
+            .get(d.holder)
+            .map_or((0, now), |x| (x.denied_at_ms, x.since_ms));
         asks.insert(
             d.holder.to_string(),
             Ask {
@@ -135,6 +148,7 @@ impl Ledger {
                 demand_per_s: d.demand_per_s,
                 at_ms: now,
                 denied_at_ms,
+                since_ms,
             },
         );
         let after = asks.len();
@@ -241,10 +255,12 @@ impl Ledger {
                     .flat_map(|m| m.values())
                     .filter(|x| x.at_ms.saturating_add(idle) > now);
                 let (mut seen, mut denied, mut rate) = (false, false, 0u64);
+                let mut first_since = u64::MAX;
                 for x in recent {
                     seen = true;
                     denied |= x.denied_at_ms > 0 && x.denied_at_ms.saturating_add(idle) > now;
                     rate = rate.saturating_add(x.rate_per_s(rule.lease.ttl_ms));
+                    first_since = first_since.min(x.since_ms);
                 }
                 let seen_region = Seen {
                     asked: seen,
@@ -252,6 +268,7 @@ impl Ledger {
                     demand_ppm: params.refill_rate().ppm_of_per_s(rate),
                     part_ppm: ks.parts.effective(region),
                     pending_ppm: ks.parts.pending_raise(region),
+                    resumed: seen && first_since.saturating_add(idle) > now,
                 };
                 seen_region.claim(g, fresh)
             })
@@ -317,12 +334,68 @@ mod tests {
     }
 
     #[test]
+    fn a_region_that_resumes_claims_its_guarantee_until_its_demand_shows() {
+        // ap-south (share 10 %) resumes with a central decision of one token: 450 ppm with
+        // headroom, far below what it will use.
+        let resumed = Seen {
+            asked: true,
+            denied: false,
+            demand_ppm: 400,
+            part_ppm: 0,
+            pending_ppm: 0,
+            resumed: true,
+        };
+        let c = resumed.claim(100_000, false);
+        assert_eq!((c.demand_ppm, c.busy), (Some(100_000), true));
+        // A larger demand is claimed as it is.
+        let big = Seen {
+            demand_ppm: 200_000,
+            ..resumed
+        };
+        assert_eq!(big.claim(100_000, false).demand_ppm, Some(225_000));
+        // Once its run of asks is older than the idle window, what it asks is its claim.
+        let steady = Seen {
+            resumed: false,
+            ..resumed
+        };
+        assert_eq!(steady.claim(100_000, false).demand_ppm, Some(450));
+        // A share of 0 still claims nothing more.
+        assert_eq!(resumed.claim(0, false).demand_ppm, Some(450));
+    }
+
+    #[test]
+    fn a_run_of_asks_is_dated_from_its_first_ask_and_a_gap_starts_a_new_one() {
+        let mut l = crate::ledger::tests::ledger(crate::ledger::tests::REGIONAL);
+        let rule = l.parsed["api"].rules[0].clone();
+        let kid: KeyId = (rule.id.clone(), "acme".into());
+        let idle = idle_after_ms(&rule);
+        let t0 = crate::ledger::tests::T0;
+        let ask = Demand {
+            holder: "ap1",
+            want: T,
+            demand_per_s: 0,
+            allocates: false,
+        };
+        let since = |l: &Ledger| l.demands[&(kid.clone(), "ap-south".into())]["ap1"].since_ms;
+        l.record_ask(&kid, "ap-south", &ask, &rule, t0);
+        // Asks no further apart than the idle window continue the run.
+        l.record_ask(&kid, "ap-south", &ask, &rule, t0 + idle - 1);
+        l.record_ask(&kid, "ap-south", &ask, &rule, t0 + 2 * idle - 2);
+        assert_eq!(since(&l), t0);
+        // A gap of the idle window starts a new one.
+        let later = t0 + 3 * idle - 2;
+        l.record_ask(&kid, "ap-south", &ask, &rule, later);
+        assert_eq!(since(&l), later);
+    }
+
+    #[test]
     fn an_ask_without_measured_demand_spreads_its_want_over_the_lease() {
         let a = Ask {
             want: 8 * T,
             demand_per_s: 0,
             at_ms: 0,
             denied_at_ms: 0,
+            since_ms: 0,
         };
         assert_eq!(a.rate_per_s(2000), 4 * T);
         assert_eq!(a.rate_per_s(0), 8_000 * T);
@@ -336,6 +409,7 @@ mod tests {
             demand_per_s: 0,
             at_ms: 0,
             denied_at_ms: 0,
+            since_ms: 0,
         };
         assert_eq!(c.rate_per_s(1), u64::MAX);
     }
