@@ -17,6 +17,9 @@ use tokio::time::Instant;
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
+/// A client of another allocator node (the leader a follower forwards to).
+type Client = AllocatorClient<Channel>;
+
 /// Most items in one `Batch` call; a larger call is INVALID_ARGUMENT.
 pub const MAX_BATCH_ITEMS: usize = 4_096;
 
@@ -26,21 +29,14 @@ impl AllocatorService {
         &self,
         req: Request<pb::AcquireRequest>,
     ) -> Result<Response<pb::AcquireResponse>, Status> {
-        let (fwd, deadline) = (forwarded(&req), deadline_of(&req));
-        let body = req.into_inner();
-        let cmd = convert::acquire_command(body.clone())
-            .ok_or_else(|| Status::invalid_argument("key is required"))?;
-        let r = self
-            .write(fwd, deadline, cmd, |mut c| async move {
-                c.acquire(forward_request(body, deadline)).await
-            })
-            .await?;
-        match r {
-            Ok(r) => convert::acquire_response(r)
-                .map(Response::new)
-                .map_err(unexpected),
-            Err(forwarded) => Ok(forwarded),
-        }
+        let forward = |mut c: Client, r| async move { c.acquire(r).await };
+        self.unary_write(
+            req,
+            convert::acquire_command,
+            forward,
+            convert::acquire_response,
+        )
+        .await
     }
 
     /// Report: record an allocation's cumulative spend.
@@ -48,20 +44,10 @@ impl AllocatorService {
         &self,
         req: Request<pb::ReportRequest>,
     ) -> Result<Response<pb::ReportResponse>, Status> {
-        let (fwd, deadline) = (forwarded(&req), deadline_of(&req));
-        let b = req.into_inner();
-        let cmd = convert::report_command(b.clone());
-        match self
-            .write(fwd, deadline, cmd, |mut c| async move {
-                c.report(forward_request(b, deadline)).await
-            })
-            .await?
-        {
-            Ok(r) => convert::report_response(r)
-                .map(Response::new)
-                .map_err(unexpected),
-            Err(f) => Ok(f),
-        }
+        let command = |b| Some(convert::report_command(b));
+        let forward = |mut c: Client, r| async move { c.report(r).await };
+        self.unary_write(req, command, forward, convert::report_response)
+            .await
     }
 
     /// Release: hand an allocation back with its final spend.
@@ -69,20 +55,10 @@ impl AllocatorService {
         &self,
         req: Request<pb::ReleaseRequest>,
     ) -> Result<Response<pb::ReleaseResponse>, Status> {
-        let (fwd, deadline) = (forwarded(&req), deadline_of(&req));
-        let b = req.into_inner();
-        let cmd = convert::release_command(b.clone());
-        match self
-            .write(fwd, deadline, cmd, |mut c| async move {
-                c.release(forward_request(b, deadline)).await
-            })
-            .await?
-        {
-            Ok(r) => convert::release_response(r)
-                .map(Response::new)
-                .map_err(unexpected),
-            Err(f) => Ok(f),
-        }
+        let command = |b| Some(convert::release_command(b));
+        let forward = |mut c: Client, r| async move { c.release(r).await };
+        self.unary_write(req, command, forward, convert::release_response)
+            .await
     }
 
     /// Decide: one request decided centrally (design §2), committed before the answer.
@@ -90,20 +66,42 @@ impl AllocatorService {
         &self,
         req: Request<pb::DecideRequest>,
     ) -> Result<Response<pb::DecideResponse>, Status> {
+        let forward = |mut c: Client, r| async move { c.decide(r).await };
+        self.unary_write(
+            req,
+            convert::decide_command,
+            forward,
+            convert::decide_response,
+        )
+        .await
+    }
+
+    /// One unary write: `command` of the request's body committed through Raft and its ledger
+    /// response turned into the answer by `answer`, or, on a follower, the body sent on to the
+    /// leader by `forward` (with the caller's deadline) and the leader's answer returned.
+    ///
+    /// # Errors
+    /// INVALID_ARGUMENT when the body has no key (`command` gives `None`); the commit's or the
+    /// ledger's status otherwise.
+    async fn unary_write<B, T, Fut>(
+        &self,
+        req: Request<B>,
+        command: impl FnOnce(B) -> Option<Command>,
+        forward: impl FnOnce(Client, Request<B>) -> Fut,
+        answer: impl FnOnce(LResp) -> Result<T, LResp>,
+    ) -> Result<Response<T>, Status>
+    where
+        B: Clone,
+        Fut: std::future::Future<Output = Result<Response<T>, Status>>,
+    {
         let (fwd, deadline) = (forwarded(&req), deadline_of(&req));
         let body = req.into_inner();
-        let cmd = convert::decide_command(body.clone())
-            .ok_or_else(|| Status::invalid_argument("key is required"))?;
-        match self
-            .write(fwd, deadline, cmd, |mut c| async move {
-                c.decide(forward_request(body, deadline)).await
-            })
-            .await?
-        {
-            Ok(r) => convert::decide_response(r)
-                .map(Response::new)
-                .map_err(unexpected),
-            Err(f) => Ok(f),
+        let cmd =
+            command(body.clone()).ok_or_else(|| Status::invalid_argument("key is required"))?;
+        let to_leader = |c| forward(c, forward_request(body, deadline));
+        match self.write(fwd, deadline, cmd, to_leader).await? {
+            Ok(r) => answer(r).map(Response::new).map_err(unexpected),
+            Err(forwarded) => Ok(forwarded),
         }
     }
 
