@@ -36,7 +36,7 @@ pub struct Arrival {
 
 /// Allot's answer to one request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Answer {
+pub enum RequestAnswer {
     /// OK: admitted.
     Admitted,
     /// OVER_LIMIT.
@@ -57,7 +57,7 @@ pub struct Record {
     /// Cost, whole tokens.
     pub cost: u32,
     /// Allot's answer.
-    pub answer: Answer,
+    pub answer: RequestAnswer,
     /// From send to answer, µs.
     pub latency_us: u64,
 }
@@ -73,7 +73,7 @@ const TIMEOUT: Duration = Duration::from_secs(5);
 /// to `origin`.
 ///
 /// # Errors
-/// An invalid agent address. A failed request is recorded as [`Answer::Error`], not an error.
+/// An invalid agent address. A failed request is recorded as [`RequestAnswer::Error`], not an error.
 pub async fn drive(
     agents: &[String],
     keys: &[Key],
@@ -99,9 +99,11 @@ pub async fn drive(
         tasks.spawn(async move {
             let sent = Instant::now();
             let answer = match tokio::time::timeout(TIMEOUT, c.should_rate_limit(req)).await {
-                Ok(Ok(r)) if r.get_ref().overall_code == Code::Ok as i32 => Answer::Admitted,
-                Ok(Ok(r)) if r.get_ref().overall_code == Code::OverLimit as i32 => Answer::Denied,
-                _ => Answer::Error,
+                Ok(Ok(r)) if r.get_ref().overall_code == Code::Ok as i32 => RequestAnswer::Admitted,
+                Ok(Ok(r)) if r.get_ref().overall_code == Code::OverLimit as i32 => {
+                    RequestAnswer::Denied
+                }
+                _ => RequestAnswer::Error,
             };
             drop(permit);
             Record {

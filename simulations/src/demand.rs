@@ -4,8 +4,9 @@
 //! admitted, their ratio, Allot's overshoot over the ideal against the allocator's bound, the
 //! part's target and whether it is met. The harness reports; it does not decide what passes.
 
-use crate::arrivals::{drive, paced, Answer, Arrival, Key, Record};
+use crate::arrivals::{drive, paced, Arrival, Key, Record, RequestAnswer};
 use crate::local::{allocator_client, Deployment};
+use crate::table::column_width;
 use crate::zipf::{SplitMix64, Zipf};
 use allot_common::config::{ConfigSet, Scope};
 use allot_common::Limiter;
@@ -108,12 +109,10 @@ impl Report {
 
     /// The table for humans.
     pub fn table(&self) -> String {
-        let w =
-            |f: &dyn Fn(&Row) -> usize, h: usize| self.rows.iter().map(f).max().unwrap_or(0).max(h);
-        let wp = w(&|r| r.part.chars().count(), 4);
-        let ww = w(&|r| r.what.chars().count(), 4);
-        let wm = w(&|r| r.measured.chars().count(), 8);
-        let wt = w(&|r| r.target.chars().count(), 6);
+        let wp = column_width(&self.rows, |r| &r.part, 4);
+        let ww = column_width(&self.rows, |r| &r.what, 4);
+        let wm = column_width(&self.rows, |r| &r.measured, 8);
+        let wt = column_width(&self.rows, |r| &r.target, 6);
         let mut s = format!(
             "{:<wp$}  {:<ww$}  {:>6}  {:>6}  {:>6}  {:>9}  {:>10}  within  {:<wm$}  {:<wt$}  target met\n",
             "part", "what", "ideal", "allot", "ratio", "overshoot", "bound", "measured", "target"
@@ -233,7 +232,7 @@ impl<'a> Run<'a> {
         let (mut allot, mut ideal_n, mut errors, mut worst_us) = (0u64, 0u64, 0u64, 0u64);
         for (r, ok) in records.iter().zip(&ideal) {
             let t = &mut self.totals[r.key];
-            if r.answer == Answer::Admitted {
+            if r.answer == RequestAnswer::Admitted {
                 allot += 1;
                 t.0 = t.0.saturating_add(u64::from(r.cost));
                 worst_us = worst_us.max(r.latency_us);
@@ -242,7 +241,7 @@ impl<'a> Run<'a> {
                 ideal_n += 1;
                 t.1 = t.1.saturating_add(u64::from(r.cost));
             }
-            errors += u64::from(r.answer == Answer::Error);
+            errors += u64::from(r.answer == RequestAnswer::Error);
         }
         let over: HashMap<usize, u64> = touched
             .iter()

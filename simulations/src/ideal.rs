@@ -58,7 +58,7 @@ pub fn admitted_with(limiter: &Limiter, keys: &[Key], records: &[Record]) -> Res
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::arrivals::Answer;
+    use crate::arrivals::RequestAnswer;
     use std::path::Path;
 
     const POLICY: &str = "domain: t\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: second, requests_per_unit: 10, burst: 40, scope: global, lease: {ttl_ms: 2000, max_grant: 8}, regions: [{region: a, share: \"50%\"}, {region: b, share: \"50%\"}]}\n";
@@ -69,7 +69,7 @@ mod tests {
             agent,
             key,
             cost: 1,
-            answer: Answer::Denied,
+            answer: RequestAnswer::Denied,
             latency_us: 0,
         }
     }

@@ -21,4 +21,5 @@ pub mod noop;
 pub mod rls;
 pub mod scenario;
 pub mod sim;
+mod table;
 pub mod zipf;

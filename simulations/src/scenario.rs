@@ -4,6 +4,7 @@
 
 use crate::local::{allocator_client, Deployment};
 use crate::rls::{client, request};
+use crate::table::column_width;
 use allot_proto::allot::v1 as pb;
 use allot_proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use anyhow::{Context, Result};
@@ -44,12 +45,10 @@ impl Report {
 
     /// The table for humans.
     pub fn table(&self) -> String {
-        let w =
-            |f: &dyn Fn(&Row) -> usize, h: usize| self.rows.iter().map(f).max().unwrap_or(0).max(h);
         let (w1, w2, w3) = (
-            w(&|r| r.what.chars().count(), 4),
-            w(&|r| r.allowed.chars().count(), 15),
-            w(&|r| r.measured.chars().count(), 8),
+            column_width(&self.rows, |r| &r.what, 4),
+            column_width(&self.rows, |r| &r.allowed, 15),
+            column_width(&self.rows, |r| &r.measured, 8),
         );
         let mut s = format!(
             "{:<4}  {:<w1$}  {:<w2$}  {:<w3$}  within\n",

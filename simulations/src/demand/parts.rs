@@ -212,7 +212,7 @@ async fn lease_traffic(run: &mut Run<'_>, part: &str, a: &[Arrival], rate: u64) 
     let secs = t0.elapsed().as_secs_f64();
     let admitted = recs
         .iter()
-        .filter(|r| r.answer == crate::arrivals::Answer::Admitted)
+        .filter(|r| r.answer == crate::arrivals::RequestAnswer::Admitted)
         .count();
     let per_1000 = entries as f64 * 1000.0 / admitted.max(1) as f64;
     let per_s = entries as f64 / secs;

@@ -5,7 +5,7 @@
 //! the worst 1 s global window.
 
 use super::{at_rate, Extra, Run, Timing};
-use crate::arrivals::{Answer, Record};
+use crate::arrivals::{Record, RequestAnswer};
 use anyhow::Result;
 use std::time::Duration;
 
@@ -19,7 +19,7 @@ fn slots(recs: &[Record], agents: &[usize], from_ns: u64, n: usize) -> Vec<u64> 
     let mut out = vec![0u64; n];
     for r in recs
         .iter()
-        .filter(|r| r.answer == Answer::Admitted && agents.contains(&r.agent))
+        .filter(|r| r.answer == RequestAnswer::Admitted && agents.contains(&r.agent))
     {
         if let Some(i) = r
             .sent_ns

@@ -9,7 +9,7 @@ use allot_allocator::ledger::{AllocationState, Ledger, PolicyKey};
 use allot_common::units::{Micros, MICROS_PER_TOKEN, NANOS_PER_SEC};
 
 use super::workload::Contract;
-use crate::arrivals::{Answer, Key, Record};
+use crate::arrivals::{Key, Record, RequestAnswer};
 
 /// Nanoseconds per millisecond.
 const NS_PER_MS: u64 = 1_000_000;
@@ -322,7 +322,7 @@ impl Checker {
     pub fn check_bounds(&mut self, k: usize, c: Contract, records: &[&Record]) -> u64 {
         let admitted: Vec<(u64, Micros)> = records
             .iter()
-            .filter(|r| r.answer == Answer::Admitted)
+            .filter(|r| r.answer == RequestAnswer::Admitted)
             .map(|r| (r.sent_ns, u64::from(r.cost) * MICROS_PER_TOKEN))
             .collect();
         let samples = std::mem::take(&mut self.samples[k]);
@@ -417,7 +417,7 @@ mod tests {
             agent: 0,
             key: 0,
             cost,
-            answer: Answer::Admitted,
+            answer: RequestAnswer::Admitted,
             latency_us: 0,
         }
     }

@@ -23,7 +23,7 @@ use super::world::{
     epoch, node_region, node_specs, run_agent, run_node, set_step, AgentSlot, AgentSpec,
     AgentWorld, Control, NodeSlot, AGENT_REGIONS, REGIONS,
 };
-use crate::arrivals::{Answer, Record};
+use crate::arrivals::{Record, RequestAnswer};
 use crate::ideal;
 
 /// Nanoseconds per millisecond.
@@ -595,7 +595,7 @@ fn judge(
                 agent: a.agent,
                 key: a.key,
                 cost: a.cost,
-                answer: Answer::Error,
+                answer: RequestAnswer::Error,
                 latency_us: 0,
             })
         })
@@ -620,9 +620,9 @@ fn judge(
     let mut ideal_admits = 0;
     let mut false_rejections = 0;
     for (r, ok) in records.iter().zip(&ideal) {
-        if *ok && reachable(r.sent_ns) && r.answer != Answer::Error {
+        if *ok && reachable(r.sent_ns) && r.answer != RequestAnswer::Error {
             ideal_admits += 1;
-            if r.answer == Answer::Denied {
+            if r.answer == RequestAnswer::Denied {
                 false_rejections += 1;
             }
         }
@@ -652,7 +652,7 @@ fn judge(
         requests: records.len() as u64,
         admitted: records
             .iter()
-            .filter(|r| r.answer == Answer::Admitted)
+            .filter(|r| r.answer == RequestAnswer::Admitted)
             .count() as u64,
         ideal_admits_reachable: ideal_admits,
         false_rejections,

@@ -25,7 +25,7 @@ use tokio::sync::{mpsc, watch};
 use super::clock::{true_ns, AgentClock, SimNodeClock};
 use super::net;
 use super::workload::{DOMAIN, POLICY};
-use crate::arrivals::{Answer, Arrival, Key, Record};
+use crate::arrivals::{Arrival, Key, Record, RequestAnswer};
 
 /// Unix time of the simulation's start: 2025-12-01 12:00 UTC (noon, so a daily quota's period
 /// does not roll over during a run).
@@ -254,7 +254,7 @@ pub async fn run_agent(w: AgentWorld) -> turmoil::Result {
 }
 
 /// One gateway request through the agent's enforcer, as its RLS API would send it.
-async fn decide(enforcer: &Enforcer, key: &Key, cost: u32) -> Answer {
+async fn decide(enforcer: &Enforcer, key: &Key, cost: u32) -> RequestAnswer {
     let entries: Vec<Entry<'_>> = key
         .entries
         .iter()
@@ -271,9 +271,9 @@ async fn decide(enforcer: &Enforcer, key: &Key, cost: u32) -> Answer {
     };
     let mut statuses = Vec::with_capacity(1);
     match enforcer.decide(&req, &mut statuses).await {
-        Ok(o) if o.code == Code::Ok => Answer::Admitted,
-        Ok(_) => Answer::Denied,
-        Err(_) => Answer::Error,
+        Ok(o) if o.code == Code::Ok => RequestAnswer::Admitted,
+        Ok(_) => RequestAnswer::Denied,
+        Err(_) => RequestAnswer::Error,
     }
 }
 
