@@ -63,7 +63,7 @@ pub struct CurrentLimit {
 
 /// A decided request, whichever way it was decided.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Decided {
+pub struct DecidedRequest {
     /// The whole request's code.
     pub code: Code,
     /// Seconds to wait on OVER_LIMIT (at least 1); `None` when OK or when it can never pass.
@@ -80,7 +80,7 @@ pub trait Decider {
     /// Makes `set` the config from `now_ns` on.
     fn apply(&mut self, set: ConfigSet, now_ns: Nanos) -> Result<()>;
     /// Decides `req` at `now_ns`; `Err` carries an invalid-argument message (nothing spent).
-    fn decide(&mut self, req: &OwnedRequest, now_ns: Nanos) -> Result<Decided, String>;
+    fn decide(&mut self, req: &OwnedRequest, now_ns: Nanos) -> Result<DecidedRequest, String>;
 }
 
 /// The decision core (`Limiter`) on the replay clock.
@@ -105,7 +105,7 @@ impl Decider for CoreDecider {
         Ok(())
     }
 
-    fn decide(&mut self, req: &OwnedRequest, now_ns: Nanos) -> Result<Decided, String> {
+    fn decide(&mut self, req: &OwnedRequest, now_ns: Nanos) -> Result<DecidedRequest, String> {
         let statuses = &mut self.statuses;
         let outcome = req
             .with_request(|r| self.limiter.decide(r, now_ns, statuses))
@@ -134,7 +134,7 @@ impl Decider for CoreDecider {
                 }
             })
             .collect();
-        Ok(Decided {
+        Ok(DecidedRequest {
             code: outcome.code,
             retry_after_s: match (outcome.code, outcome.retry_after) {
                 (Code::Ok, _) | (_, RetryAfter::Never) => None,
@@ -186,7 +186,7 @@ pub struct Summary {
 
 impl Summary {
     /// Adds one decided request.
-    fn count(&mut self, d: &Decided) {
+    fn count(&mut self, d: &DecidedRequest) {
         self.requests += 1;
         match d.code {
             Code::Ok => self.allowed += 1,

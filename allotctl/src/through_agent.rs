@@ -15,7 +15,7 @@
 //! as invalid by Check (as by the core replay) but OK with no limits on Envoy's RLS, as
 //! envoyproxy/ratelimit answers it; the Check answer is the output line.
 
-use crate::replay::{code_str, Decided, Decider, StatusLine};
+use crate::replay::{code_str, DecidedRequest, Decider, StatusLine};
 use crate::wire::OwnedRequest;
 use allot_agent::api::native::NativeService;
 use allot_agent::api::rls::RlsService;
@@ -87,7 +87,7 @@ impl Decider for AgentDecider {
         Ok(())
     }
 
-    fn decide(&mut self, req: &OwnedRequest, now_ns: Nanos) -> Result<Decided, String> {
+    fn decide(&mut self, req: &OwnedRequest, now_ns: Nanos) -> Result<DecidedRequest, String> {
         self.clock.set(now_ns);
         let native = self
             .runtime
@@ -171,9 +171,9 @@ fn code(c: i32) -> Code {
 }
 
 /// The contract's line from a native decision.
-fn decided(d: &pb::Decision) -> Decided {
+fn decided(d: &pb::Decision) -> DecidedRequest {
     let overall = code(d.code);
-    Decided {
+    DecidedRequest {
         code: overall,
         // Whole seconds, rounded up, at least 1 (the ms value is already rounded up, and
         // rounding up twice equals rounding the nanoseconds up once).
@@ -198,7 +198,7 @@ fn decided(d: &pb::Decision) -> Decided {
 }
 
 /// Checks that the RLS answer says what the native one does, in every field it carries.
-fn agree(d: &Decided, r: &RateLimitResponse) -> Result<(), String> {
+fn agree(d: &DecidedRequest, r: &RateLimitResponse) -> Result<(), String> {
     let rls_code = |c: i32| {
         if c == RlsCode::OverLimit as i32 {
             "OVER_LIMIT"

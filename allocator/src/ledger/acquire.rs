@@ -5,9 +5,9 @@
 use super::division::Demand;
 use super::fair_share::fair_part;
 use super::rates::{key_rate_ppm, promise, RateAsk};
-use super::sources::{available, check_id, debit, wait_for, Available, OverCapacity, Target};
+use super::sources::{available, check_id, debit, wait_for, Available, OverCapacity, Prepared};
 use super::{
-    Acquire, Allocation, AllocationState, Charged, Denial, Grant, Ledger, LedgerError, Response,
+    Acquire, Allocation, AllocationState, ChargedTo, Denial, Grant, Ledger, LedgerError, Response,
 };
 use allot_common::algorithm::LimitParams;
 use allot_common::decision::RetryAfter;
@@ -63,7 +63,7 @@ impl Ledger {
         &mut self,
         a: &Acquire,
         demand: &Demand<'_>,
-        t: &Target,
+        t: &Prepared,
         now: u64,
     ) -> Result<Response, LedgerError> {
         // Granted or denied, this Acquire ends the accrual of the holder's earlier rates for
@@ -86,7 +86,7 @@ impl Ledger {
 
     /// The denial of an Acquire that nothing can be granted to whatever the buckets hold: the
     /// region has no part of the key, or a window ends within the drift margin.
-    fn refuse_outright(&mut self, a: &Acquire, t: &Target, now: u64) -> Option<Response> {
+    fn refuse_outright(&mut self, a: &Acquire, t: &Prepared, now: u64) -> Option<Response> {
         let (rule, version) = (&t.rule, t.version);
         if let Some((retry_after_ms, reason)) = t.no_part(&a.region) {
             self.note_denied(&t.kid, &a.region, &a.holder, now);
@@ -118,7 +118,7 @@ impl Ledger {
         &mut self,
         a: &Acquire,
         demand: &Demand<'_>,
-        t: &Target,
+        t: &Prepared,
         now: u64,
     ) -> Result<BaseSize, LedgerError> {
         let (rule, kid) = (&t.rule, &t.kid);
@@ -151,7 +151,7 @@ impl Ledger {
         &self,
         a: &Acquire,
         demand: &Demand<'_>,
-        t: &Target,
+        t: &Prepared,
         base: &BaseSize,
         duration_ms: u64,
     ) -> RateSize {
@@ -181,7 +181,7 @@ impl Ledger {
     fn record_grant(
         &mut self,
         a: &Acquire,
-        t: &Target,
+        t: &Prepared,
         base: &BaseSize,
         rate: &RateSize,
         expires: u64,
@@ -197,7 +197,7 @@ impl Ledger {
         // Debit every source now; unspent tokens come back only at release.
         debit(ks, &a.region, rule, &base.avail, now, grant);
         let region = ks.regions.entry(a.region.clone()).or_default();
-        let charged = Charged {
+        let charged = ChargedTo {
             global: ks.global.params.kind(),
             region: region.bucket.as_ref().map(|b| b.params.kind()),
             calendar_period_start: rule.quota.map(|_| base.avail.period_start),
@@ -258,7 +258,7 @@ impl Ledger {
     /// quota, the region's part or the bucket) and when asking again can succeed.
     fn denied(
         &mut self,
-        t: &Target,
+        t: &Prepared,
         a: &Acquire,
         avail: &Available,
         now: u64,
@@ -348,7 +348,7 @@ impl RateSize {
 
 /// When an allocation granted at `now` (Unix ms) ends: one lease later, and never after the
 /// end of a fixed window.
-fn lease_end(t: &Target, now: u64) -> u64 {
+fn lease_end(t: &Prepared, now: u64) -> u64 {
     let expires = now.saturating_add(t.rule.lease.ttl_ms);
     match window_left_ms(&t.params, millis_to_nanos(now)) {
         Some(left_ms) => expires.min(now.saturating_add(left_ms)),

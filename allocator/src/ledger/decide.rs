@@ -9,7 +9,7 @@
 //! and is charged once.
 
 use super::division::Demand;
-use super::sources::{available, check_id, debit, wait_for, OverCapacity, Target};
+use super::sources::{available, check_id, debit, wait_for, OverCapacity, Prepared};
 use super::{Decide, Decided, Ledger, LedgerError, Response};
 use allot_common::decision::RetryAfter;
 use allot_common::units::{nanos_to_millis_ceil, MAX_TOKENS, MICROS_PER_TOKEN};
@@ -61,7 +61,7 @@ impl Ledger {
     fn decide_prepared(
         &mut self,
         d: &Decide,
-        t: &Target,
+        t: &Prepared,
         now: u64,
     ) -> Result<Decided, LedgerError> {
         let (rule, version) = (&t.rule, t.version);

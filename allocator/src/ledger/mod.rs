@@ -127,14 +127,14 @@ pub struct Allocation {
     /// Current state.
     pub state: AllocationState,
     /// What the grant was charged to; a release refunds only there.
-    pub charged: Charged,
+    pub charged: ChargedTo,
 }
 
 /// What a grant was debited from and counted in, recorded at grant time so that a release
 /// refunds only into state that was charged (issue 10 item 13): not into a bucket whose
 /// algorithm family changed since, nor into a calendar quota added or rolled over since.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Charged {
+pub struct ChargedTo {
     /// Algorithm of the global bucket debited.
     pub global: AlgorithmKind,
     /// Algorithm of the region's bucket debited, when the region had one.

@@ -38,7 +38,7 @@ pub(super) fn retune(b: &mut Bucket, params: LimitParams, at_ns: u64) {
 }
 
 /// A request resolved to its limit, with the key's state ready (created and retuned).
-pub(super) struct Target {
+pub(super) struct Prepared {
     /// The rule the key matched.
     pub rule: Rule,
     /// (rule id, canonical key).
@@ -57,7 +57,7 @@ pub(super) struct Target {
     pub shares_version: u64,
 }
 
-impl Target {
+impl Prepared {
     /// Why the region has no part now and when to ask again: a share of 0 is final (ask again
     /// after a lease); a part waiting for a handoff frees up when older allocations of other
     /// regions end (ask again after a quarter lease). `None` when the region has a part.
@@ -128,7 +128,7 @@ impl Ledger {
         region: &str,
         demand: &Demand<'_>,
         now: u64,
-    ) -> Result<Target, LedgerError> {
+    ) -> Result<Prepared, LedgerError> {
         let (rule, kid, version) = self.resolve(key)?;
         let rule: Rule = rule.clone();
         let RuleLimit::Limited { params, .. } = rule.limit else {
@@ -192,7 +192,7 @@ impl Ledger {
         if new_region {
             self.index.region_added();
         }
-        Ok(Target {
+        Ok(Prepared {
             rule,
             kid,
             version,

@@ -136,7 +136,7 @@ pub struct CalendarQuota {
 
 /// How the allocator leases a global limit (design §3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LeaseSettings {
+pub struct RuleLease {
     /// Lease length in milliseconds (default 5 000).
     pub ttl_ms: u64,
     /// Largest single grant, in microtokens (default: a quarter of the capacity, at least 1 token).
@@ -244,7 +244,7 @@ pub struct Rule {
     /// Calendar quota, when configured.
     pub quota: Option<CalendarQuota>,
     /// Lease settings for the allocator.
-    pub lease: LeaseSettings,
+    pub lease: RuleLease,
     /// Regional shares; empty means every region draws from the one global bucket.
     pub regions: Vec<RegionShare>,
     /// How `regions` divide the limit (`shares_mode`, default weighted).

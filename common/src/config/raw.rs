@@ -12,19 +12,19 @@ use serde::Deserialize;
 pub(crate) struct RawDomain {
     pub domain: Option<Scalar>,
     #[serde(default)]
-    pub descriptors: Vec<RawDescriptor>,
+    pub descriptors: Vec<RawDescriptorNode>,
 }
 
 /// A node of the descriptor tree.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct RawDescriptor {
+pub(crate) struct RawDescriptorNode {
     pub key: Option<Scalar>,
     pub value: Option<Scalar>,
     pub rate_limit: Option<RawRateLimit>,
     pub shadow_mode: Option<Scalar>,
     #[serde(default)]
-    pub descriptors: Vec<RawDescriptor>,
+    pub descriptors: Vec<RawDescriptorNode>,
     /// Envoy: emit per-value metrics. Accepted for compatibility; Allot's metrics stay bounded.
     #[allow(dead_code)]
     pub detailed_metric: Option<Scalar>,

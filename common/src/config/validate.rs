@@ -1,9 +1,9 @@
 //! Raw YAML → validated [`DomainConfig`], with a precise error for every bad value.
 
-use super::raw::{RawDescriptor, RawDomain, RawRateLimit, RawRegion, Scalar};
+use super::raw::{RawDescriptorNode, RawDomain, RawRateLimit, RawRegion, Scalar};
 use super::{
-    CalendarPeriod, CalendarQuota, Children, ConfigError, DomainConfig, FailureMode, LeaseSettings,
-    Node, RegionShare, Rule, RuleLimit, Scope, SharesMode, Unit, DEFAULT_MAX_ALLOCATIONS,
+    CalendarPeriod, CalendarQuota, Children, ConfigError, DomainConfig, FailureMode, Node,
+    RegionShare, Rule, RuleLease, RuleLimit, Scope, SharesMode, Unit, DEFAULT_MAX_ALLOCATIONS,
     DEFAULT_MAX_HOLDERS, DEFAULT_MAX_KEYS, DEFAULT_MAX_REGIONS, MAX_SLIDING_LOG_LIMIT,
     MAX_TABLE_CAP, PPM,
 };
@@ -113,7 +113,7 @@ fn descriptors(
     cx: &Ctx<'_>,
     out: &mut DomainConfig,
     parent: usize,
-    list: &[RawDescriptor],
+    list: &[RawDescriptorNode],
     path: &str,
     id_prefix: &str,
     depth: usize,
@@ -444,12 +444,12 @@ fn lease(
     rl: &RawRateLimit,
     path: &str,
     limit: &RuleLimit,
-) -> Result<LeaseSettings, ConfigError> {
+) -> Result<RuleLease, ConfigError> {
     let capacity = match limit {
         RuleLimit::Limited { params, .. } => params.capacity(),
         RuleLimit::Unlimited => 0,
     };
-    let mut lease = LeaseSettings {
+    let mut lease = RuleLease {
         ttl_ms: 5_000,
         max_grant: (capacity / 4 / MICROS_PER_TOKEN * MICROS_PER_TOKEN).max(MICROS_PER_TOKEN),
         max_drift_ms: 500,
@@ -701,7 +701,7 @@ mod tests {
         );
         assert_eq!(
             r.lease,
-            LeaseSettings {
+            RuleLease {
                 ttl_ms: 2000,
                 max_grant: 20 * MICROS_PER_TOKEN,
                 max_drift_ms: 100,
