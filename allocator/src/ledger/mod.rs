@@ -186,6 +186,26 @@ struct KeyState {
     undiverted: LimitParams,
 }
 
+impl KeyState {
+    /// A key first seen at `now` (Unix ms): a full global bucket of `params`, no regions, no
+    /// calendar use, idle until something is granted.
+    fn new(params: LimitParams, now: u64) -> Self {
+        KeyState {
+            global: Bucket {
+                params,
+                state: params.initial_state(millis_to_nanos(now)),
+            },
+            regions: Default::default(),
+            calendar: None,
+            live: 0,
+            parts: Default::default(),
+            created_ms: now,
+            idle_at_ms: Some(now),
+            undiverted: params,
+        }
+    }
+}
+
 /// A policy document in force.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 struct PolicyDoc {

@@ -149,47 +149,14 @@ impl Ledger {
         }
         if !self.keys.contains_key(&kid) {
             self.make_room(&rule, now)?;
-            let ks = KeyState {
-                global: Bucket {
-                    params,
-                    state: params.initial_state(now_ns),
-                },
-                regions: Default::default(),
-                calendar: None,
-                live: 0,
-                parts: Default::default(),
-                created_ms: now,
-                idle_at_ms: Some(now),
-                undiverted: params,
-            };
-            self.insert_key(kid.clone(), ks);
+            self.insert_key(kid.clone(), KeyState::new(params, now));
         }
         self.record_ask(&kid, region, demand, &rule, now);
         self.rebalance_key(&kid, now);
         let ks = self.key_mut(&kid)?;
         let ppm = share.map(|_| ks.parts.effective(region));
         let shares_version = ks.parts.version;
-        // The live rates' part of the refill flows to their holders (design §9).
-        ks.undiverted = params;
-        let diverted_params = diverted(params, key_rate_ppm(ks));
-        retune(&mut ks.global, diverted_params, activated_ns);
-        let new_region = !ks.regions.contains_key(region);
-        let part = ks.regions.entry(region.to_string()).or_default();
-        let region_rates = part.rate_ppm_live;
-        match (
-            ppm.and_then(|p| region_params(params, p, region_rates)),
-            &mut part.bucket,
-        ) {
-            (Some(rp), Some(b)) => retune(b, rp, now_ns),
-            (Some(rp), slot @ None) => {
-                *slot = Some(Bucket {
-                    params: rp,
-                    state: rp.initial_state(now_ns),
-                })
-            }
-            _ => {}
-        }
-        if new_region {
+        if retune_buckets(ks, region, params, ppm, activated_ns, now_ns) {
             self.index.region_added();
         }
         Ok(Prepared {
@@ -214,6 +181,40 @@ impl Ledger {
                 policy: kid.0.clone(),
             })
     }
+}
+
+/// Brings the key's buckets to the policy in force: the global bucket to `params` less the live
+/// rates' part of the refill (it flows to their holders, design §9) as of the policy's
+/// activation, and the region's bucket to its part `ppm` (created when the region has a part
+/// but no bucket yet). Returns whether `region` is new to the key.
+fn retune_buckets(
+    ks: &mut KeyState,
+    region: &str,
+    params: LimitParams,
+    ppm: Option<u32>,
+    activated_ns: u64,
+    now_ns: u64,
+) -> bool {
+    ks.undiverted = params;
+    let diverted_params = diverted(params, key_rate_ppm(ks));
+    retune(&mut ks.global, diverted_params, activated_ns);
+    let new_region = !ks.regions.contains_key(region);
+    let part = ks.regions.entry(region.to_string()).or_default();
+    let region_rates = part.rate_ppm_live;
+    match (
+        ppm.and_then(|p| region_params(params, p, region_rates)),
+        &mut part.bucket,
+    ) {
+        (Some(rp), Some(b)) => retune(b, rp, now_ns),
+        (Some(rp), slot @ None) => {
+            *slot = Some(Bucket {
+                params: rp,
+                state: rp.initial_state(now_ns),
+            })
+        }
+        _ => {}
+    }
+    new_region
 }
 
 /// What each source of `ks` holds for `region` at `now` (Unix ms), refilling the buckets.

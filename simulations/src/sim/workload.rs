@@ -82,7 +82,7 @@ pub enum Workload {
     AcmeBurst,
     /// One quiet tenant well under its contract (2/s): nothing should be denied.
     Quiet,
-    /// eu-west sends 2.5× the contract, us-east a trickle (regional skew, seed §20).
+    /// eu-west sends 2.5× the contract, us-east a trickle (regional skew, design §5).
     RegionalSkew,
     /// 1,000 tenants, Zipf(1.1) popularity, costs 1, 2 or 4 (weighted), 300 requests/s in all.
     Zipf,
