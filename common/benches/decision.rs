@@ -71,11 +71,11 @@ fn tiny_quota() -> Quota {
     Quota::per_hour(NonZeroU32::new(1).unwrap())
 }
 
+/// `tokens` per `per_ns`, in lowest terms as the config builds every rate (`Rate::new`): the
+/// same rate as the unreduced terms, for which every answer is the same, and whose full level
+/// fits the packed 128-bit state.
 fn rate(tokens: u64, per_ns: u64) -> Rate {
-    Rate {
-        micros: tokens_to_micros(tokens),
-        per_ns,
-    }
+    Rate::new(tokens_to_micros(tokens), per_ns).expect("positive rate")
 }
 
 fn tb_huge() -> TokenBucket {

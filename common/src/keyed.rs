@@ -2,17 +2,31 @@
 //! eviction of idle state (design §10 "Keys": memory stays bounded however random the keys are).
 //!
 //! Concurrency: a lookup takes one shard's read lock, either just long enough to clone the slot's
-//! `Arc` or, on the one-descriptor path ([`KeyTable::with_slot`]), for the decision itself; the
-//! decision holds that one slot's mutex, so concurrent decisions on one key serialise
-//! (no token is spent twice) while different keys never contend. There is no global lock. A slot
-//! removed by eviction is marked `evicted` under its mutex, and a decision that finds that mark
-//! looks the key up again, so it never spends on an orphaned slot.
+//! `Arc` or, on the one-descriptor path ([`KeyTable::decide`]), for the decision itself. A key's
+//! state is a [`StateCell`]: a bucket whose numbers fit is decided with one compare-and-swap of
+//! its packed word, anything else under the cell's lock, so concurrent decisions on one key
+//! never spend a token twice while different keys never contend. There is no global lock.
+//!
+//! A compare-and-swap decision reads the slot's config version and then its word; it uses the
+//! parameters of its own snapshot, which are the slot's when the versions are equal. So that no
+//! version change can fall between those reads and the compare-and-swap (and a word that
+//! happens to look the same under new parameters be replaced on the strength of the old ones),
+//! a slot's version changes only under its shard's *write* lock ([`KeyTable::advance`],
+//! [`KeyTable::transition_all`]), which excludes every such decision on the shard. A slot
+//! removed by eviction (under the write lock too) is marked `evicted` under its cell's lock, and
+//! a decision that finds that mark looks the key up again, so it never spends on an orphaned
+//! slot.
+//!
+//! Lock order, which keeps all of this deadlock-free: a shard's lock before a cell's lock, and
+//! a thread holding a cell's lock never waits for a shard's lock.
 
 use crate::algorithm::{LimitParams, LimitState};
+use crate::cell::{CellGuard, Packs, StateCell};
+use crate::decision::Decision;
 use crate::descriptor::{encode_key, hash_entries, key_matches, Entry};
-use crate::units::{Nanos, NANOS_PER_SEC};
+use crate::units::{Micros, Nanos, NANOS_PER_SEC};
 use hashbrown::HashTable;
-use parking_lot::{Mutex, RwLock};
+use parking_lot::RwLock;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -23,21 +37,67 @@ const SHARDS: usize = 16;
 /// work a flood of new keys can cause once every slot is in use.
 pub const SWEEP_BACKOFF_NS: Nanos = NANOS_PER_SEC;
 
+/// A shard: the keys' `Arc`s (8 bytes a bucket, so more of a large table stays in cache). A
+/// probe compares the key itself: hashbrown's 7-bit tag already filters out all but about one
+/// in 128 candidates, and the key lies in the line the decision reads next anyway.
 type Shard<V> = RwLock<HashTable<Arc<Keyed<V>>>>;
 
 /// One key of a [`ShardedTable`] and its value.
+///
+/// Cache-line aligned, with the key (its bytes inline when short) first and the value next, so
+/// a lookup that finds the key reads two adjacent lines for the comparison and the start of
+/// the value (for a [`SlotCell`], everything its compare-and-swap path reads), instead of
+/// following a pointer to the key's bytes elsewhere.
 #[derive(Debug)]
+#[repr(C, align(64))]
 pub struct Keyed<V> {
-    key: Box<[u8]>,
-    hash: u64,
+    key: KeyBytes,
     /// The key's value.
     pub value: V,
+    hash: u64,
 }
 
 impl<V> Keyed<V> {
     /// The canonical key (see [`crate::descriptor::encode_key`]).
+    #[inline]
     pub fn key(&self) -> &[u8] {
-        &self.key
+        self.key.as_slice()
+    }
+}
+
+/// Longest canonical key kept inline in its [`Keyed`] (a one-entry key of up to 22 bytes of key
+/// and value together, with the 8 bytes of length prefixes): [`KeyBytes`] is then 32 bytes, and
+/// a [`SlotCell`]'s version and word fill the rest of the key's cache line, the one line a
+/// compare-and-swap decision reads.
+const INLINE_KEY: usize = 30;
+
+/// A canonical key's bytes: inline when short, else on the heap.
+#[derive(Debug)]
+enum KeyBytes {
+    Inline { len: u8, bytes: [u8; INLINE_KEY] },
+    Heap(Box<[u8]>),
+}
+
+impl KeyBytes {
+    fn new(key: Box<[u8]>) -> Self {
+        if key.len() <= INLINE_KEY {
+            let mut bytes = [0u8; INLINE_KEY];
+            bytes[..key.len()].copy_from_slice(&key);
+            KeyBytes::Inline {
+                len: key.len() as u8,
+                bytes,
+            }
+        } else {
+            KeyBytes::Heap(key)
+        }
+    }
+
+    #[inline]
+    fn as_slice(&self) -> &[u8] {
+        match self {
+            KeyBytes::Inline { len, bytes } => &bytes[..usize::from(*len)],
+            KeyBytes::Heap(b) => b,
+        }
     }
 }
 
@@ -96,7 +156,7 @@ impl<V> ShardedTable<V> {
     /// The value of `entries` (whose [`hash`](Self::hash) is `hash`), if present.
     #[inline]
     pub fn get(&self, entries: &[Entry<'_>], hash: u64) -> Option<Arc<Keyed<V>>> {
-        let eq = |s: &Arc<Keyed<V>>| s.hash == hash && key_matches(entries, &s.key);
+        let eq = |s: &Arc<Keyed<V>>| key_matches(entries, s.key());
         self.shard(hash).read().find(hash, eq).cloned()
     }
 
@@ -110,7 +170,7 @@ impl<V> ShardedTable<V> {
         hash: u64,
         f: F,
     ) -> Result<R, F> {
-        let eq = |s: &Arc<Keyed<V>>| s.hash == hash && key_matches(entries, &s.key);
+        let eq = |s: &Arc<Keyed<V>>| key_matches(entries, s.key());
         let shard = self.shard(hash).read();
         match shard.find(hash, eq) {
             Some(v) => Ok(f(v)),
@@ -157,7 +217,7 @@ impl<V> ShardedTable<V> {
         if let Some(v) = self.get(entries, hash) {
             return Some(v);
         }
-        let eq = |s: &Arc<Keyed<V>>| s.hash == hash && key_matches(entries, &s.key);
+        let eq = |s: &Arc<Keyed<V>>| key_matches(entries, s.key());
         let mut shard = self.shard(hash).write();
         if let Some(s) = shard.find(hash, eq) {
             return Some(s.clone());
@@ -168,7 +228,7 @@ impl<V> ShardedTable<V> {
             })
             .ok()?;
         let v = Arc::new(Keyed {
-            key: encode_key(entries),
+            key: KeyBytes::new(encode_key(entries)),
             hash,
             value: make(),
         });
@@ -201,6 +261,22 @@ impl<V> ShardedTable<V> {
         }
     }
 
+    /// Calls `f` with every key while its shard's *write* lock is held: no lookup of that shard
+    /// runs meanwhile.
+    pub fn for_each_exclusive(&self, mut f: impl FnMut(&Arc<Keyed<V>>)) {
+        for shard in self.shards.iter() {
+            for v in shard.write().iter() {
+                f(v);
+            }
+        }
+    }
+
+    /// Runs `f` while the write lock of the shard that holds keys of hash `hash` is held.
+    pub fn with_shard_exclusive<R>(&self, hash: u64, f: impl FnOnce() -> R) -> R {
+        let _excluded = self.shard(hash).write();
+        f()
+    }
+
     /// A copy of every entry's `Arc`, for work that must not hold shard locks (e.g. network).
     pub fn snapshot(&self) -> Vec<Arc<Keyed<V>>> {
         let mut out = Vec::with_capacity(self.len() as usize);
@@ -209,7 +285,7 @@ impl<V> ShardedTable<V> {
     }
 }
 
-/// State of one key under its mutex.
+/// State of one key under its cell's lock.
 #[derive(Debug)]
 pub struct SlotState {
     /// Set when eviction removed the slot from its table; the holder must look the key up again.
@@ -227,9 +303,10 @@ pub struct SlotState {
 impl SlotState {
     /// Moves the state to `params` of config `version` as of `at` (design §10 "Config versions"),
     /// unless it already holds a version at least as new; returns the parameters to decide with
-    /// (the newest).
+    /// (the newest). Only [`KeyTable`] calls it, under the shard's write lock (see the module
+    /// doc).
     #[inline]
-    pub fn advance(&mut self, params: &LimitParams, version: u64, at: Nanos) -> LimitParams {
+    fn advance(&mut self, params: &LimitParams, version: u64, at: Nanos) -> LimitParams {
         if self.version < version {
             if self.params != *params {
                 let st = std::mem::replace(&mut self.state, params.initial_state(at));
@@ -242,8 +319,102 @@ impl SlotState {
     }
 }
 
-/// One key's slot: its state behind a mutex; lock it for a decision.
-pub type Slot = Keyed<Mutex<SlotState>>;
+/// A slot's state carries its parameters: it packs by itself.
+impl Packs<()> for SlotState {
+    #[inline]
+    fn pack(&self, _: &()) -> Option<u128> {
+        if self.evicted {
+            return None;
+        }
+        self.params.pack(&self.state)
+    }
+
+    #[inline]
+    fn unpack(&mut self, _: &(), word: u128) {
+        if let Some(s) = self.params.unpack(word) {
+            self.state = s;
+        }
+    }
+}
+
+/// One key's state: its [`StateCell`] and its config version as the compare-and-swap path reads
+/// it (the same as the locked state's `version`; both change only under the shard's write lock).
+#[derive(Debug)]
+#[repr(C)]
+pub struct SlotCell {
+    // The two fields a compare-and-swap decision reads, next to each other.
+    version: AtomicU64,
+    cell: StateCell<SlotState>,
+}
+
+impl SlotCell {
+    fn new(state: SlotState) -> Self {
+        SlotCell {
+            version: AtomicU64::new(state.version),
+            cell: StateCell::new(state, &()),
+        }
+    }
+
+    /// Locks the key's state (a packed state is taken into the lock until the guard drops).
+    #[inline]
+    pub fn lock(&self) -> CellGuard<'_, SlotState> {
+        self.cell.lock(&())
+    }
+
+    /// One check-and-spend of `cost` at `now` for a decision of config `version` whose rule has
+    /// `params`. Called only under the shard's read lock (see the module doc).
+    #[inline]
+    fn decide_shared(
+        &self,
+        params: &LimitParams,
+        version: u64,
+        now: Nanos,
+        cost: Micros,
+    ) -> Attempt {
+        let seen = self.version.load(Ordering::Relaxed);
+        if seen == version {
+            let packed = self.cell.update(|w| {
+                let mut st = params.unpack(w)?;
+                let d = params.decide(&mut st, now, cost);
+                Some((d, params.pack(&st)?))
+            });
+            if let Some(d) = packed {
+                return Attempt::Decided(d);
+            }
+        } else if seen < version {
+            return Attempt::Behind;
+        }
+        let mut g = self.cell.lock(&());
+        if g.evicted {
+            return Attempt::Evicted;
+        }
+        if g.version < version {
+            return Attempt::Behind;
+        }
+        // A newer version than the decision's: decide with its (newer) parameters.
+        let p = g.params;
+        let d = p.check(&mut g.state, now, cost);
+        if d.allowed {
+            p.spend(&mut g.state, now, cost);
+        }
+        Attempt::Decided(d)
+    }
+}
+
+/// How one try of [`KeyTable::decide`] ended.
+enum Attempt {
+    Decided(Decision),
+    /// The slot is at an older config version than the decision: advance it, then retry.
+    Behind,
+    /// Eviction removed the slot under us.
+    Evicted,
+}
+
+/// Most tries of [`KeyTable::decide`] (a key created, a slot advanced) before it gives up.
+const MAX_TRIES: usize = 4;
+
+/// One key's slot: its state in a cell; see [`SlotCell`].
+pub type Slot = Keyed<SlotCell>;
 
 /// The table is at its `max_keys` and none of its keys is idle.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -255,7 +426,7 @@ pub struct TableFull {
 
 /// All keys of one rule, with a cap on their number.
 pub struct KeyTable {
-    table: ShardedTable<Mutex<SlotState>>,
+    table: ShardedTable<SlotCell>,
     max_keys: AtomicU64,
     next_sweep: AtomicU64,
 }
@@ -324,7 +495,7 @@ impl KeyTable {
         }
         self.table
             .get_or_insert_capped(entries, hash, max, || {
-                Mutex::new(SlotState {
+                SlotCell::new(SlotState {
                     evicted: false,
                     params: *params,
                     version,
@@ -334,27 +505,58 @@ impl KeyTable {
             .ok_or(TableFull { max })
     }
 
-    /// Calls `f` with the slot of `entries` (created as by [`slot`](Self::slot) when new). A
-    /// slot already present is lent under its shard's read lock, so eviction cannot remove it
-    /// while `f` runs and no reference count is touched: the hot path of a single-descriptor
-    /// decision. `f` may lock the slot but must not take this table's locks.
+    /// Checks and, when allowed, spends `cost` at `now` on the key of `entries` (created as by
+    /// [`slot`](Self::slot) when new) for a decision of config `version` (activated at `at`)
+    /// whose rule has `params`: the hot path of a one-descriptor decision. The slot is lent
+    /// under its shard's read lock, so no reference count is touched, and a packed state is
+    /// decided with one compare-and-swap. A slot behind `version` is first moved to it (under
+    /// the shard's write lock). `Ok(None)` when eviction raced the decision (nothing was
+    /// spent; the caller decides again by the general path).
     ///
     /// # Errors
-    /// [`TableFull`] as for [`slot`](Self::slot); `f` is not called then.
+    /// [`TableFull`] as for [`slot`](Self::slot).
+    #[allow(clippy::too_many_arguments)]
     #[inline]
-    pub fn with_slot<R>(
+    pub fn decide(
         &self,
         entries: &[Entry<'_>],
         hash: u64,
         params: &LimitParams,
         version: u64,
+        at: Nanos,
         now: Nanos,
-        f: impl FnOnce(&Slot) -> R,
-    ) -> Result<R, TableFull> {
-        match self.table.try_with(entries, hash, |s| f(s)) {
-            Ok(r) => Ok(r),
-            Err(f) => Ok(f(&self.slot(entries, hash, params, version, now)?)),
+        cost: Micros,
+    ) -> Result<Option<Decision>, TableFull> {
+        for _ in 0..MAX_TRIES {
+            let tried = self.table.try_with(entries, hash, |s| {
+                match s.value.decide_shared(params, version, now, cost) {
+                    Attempt::Behind => Err(s.clone()),
+                    other => Ok(other),
+                }
+            });
+            match tried {
+                Ok(Ok(Attempt::Decided(d))) => return Ok(Some(d)),
+                Ok(Ok(_)) => return Ok(None),
+                Ok(Err(behind)) => self.advance(&behind, params, version, at),
+                Err(_) => {
+                    self.slot(entries, hash, params, version, now)?;
+                }
+            }
         }
+        Ok(None)
+    }
+
+    /// Moves `slot` (of this table) to `params` of config `version` as of `at`, unless it
+    /// already holds a version at least as new or was evicted; under its shard's write lock
+    /// (see the module doc). The caller must hold no cell's lock.
+    pub fn advance(&self, slot: &Slot, params: &LimitParams, version: u64, at: Nanos) {
+        self.table.with_shard_exclusive(slot.hash, || {
+            let mut g = slot.value.lock();
+            if !g.evicted {
+                g.advance(params, version, at);
+                slot.value.version.store(g.version, Ordering::Relaxed);
+            }
+        });
     }
 
     /// Evicts every idle key (one whose state equals a fresh one at `now`); returns how many.
@@ -365,7 +567,7 @@ impl KeyTable {
         }
         let removed = self.table.retain(|slot| {
             // A slot locked right now is in use: not idle.
-            let Some(mut g) = slot.value.try_lock() else {
+            let Some(mut g) = slot.value.cell.try_lock(&()) else {
                 return true;
             };
             if g.evicted || g.params.is_idle(&g.state, now) {
@@ -386,10 +588,11 @@ impl KeyTable {
     /// config change cannot skip this version's period. Keys created concurrently under the old
     /// version are transitioned lazily by the limiter on their next decision.
     pub fn transition_all(&self, params: &LimitParams, version: u64, at: Nanos) {
-        self.table.for_each(|slot| {
+        self.table.for_each_exclusive(|slot| {
             let mut g = slot.value.lock();
             if !g.evicted {
                 g.advance(params, version, at);
+                slot.value.version.store(g.version, Ordering::Relaxed);
             }
         });
     }
@@ -400,5 +603,38 @@ impl KeyTable {
             let g = slot.value.lock();
             f(slot.key(), &g);
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What a compare-and-swap decision reads of a slot (the key inline, the version, the
+    /// word) lies in its first cache line.
+    #[test]
+    fn a_slot_s_hot_fields_share_one_cache_line() {
+        assert_eq!(std::mem::align_of::<Slot>(), 64);
+        let value = std::mem::offset_of!(Slot, value);
+        let word_end = value + std::mem::offset_of!(SlotCell, cell) + 16;
+        assert!(std::mem::offset_of!(Slot, key) + std::mem::size_of::<KeyBytes>() <= value);
+        assert!(value + std::mem::offset_of!(SlotCell, version) + 8 <= 64);
+        assert!(
+            word_end <= 64,
+            "the word ends at {word_end}: key {} bytes, value at {value}, cell at {}",
+            std::mem::size_of::<KeyBytes>(),
+            std::mem::offset_of!(SlotCell, cell)
+        );
+    }
+
+    #[test]
+    fn short_keys_are_inline_and_long_ones_on_the_heap() {
+        let short = KeyBytes::new(vec![7u8; INLINE_KEY].into_boxed_slice());
+        assert!(matches!(short, KeyBytes::Inline { .. }));
+        assert_eq!(short.as_slice(), &[7u8; INLINE_KEY][..]);
+        let long = KeyBytes::new(vec![9u8; INLINE_KEY + 1].into_boxed_slice());
+        assert!(matches!(long, KeyBytes::Heap(_)));
+        assert_eq!(long.as_slice().len(), INLINE_KEY + 1);
+        assert_eq!(KeyBytes::new(Box::new([])).as_slice(), &[] as &[u8]);
     }
 }

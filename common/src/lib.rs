@@ -10,7 +10,8 @@
 //! * [`config`]: the envoyproxy/ratelimit YAML with Allot's additions, validated (design §10
 //!   "Config versions");
 //! * [`descriptor`]: requests and injective canonical keys with bounded sizes (design §10 "Keys");
-//! * [`keyed`]: per-key state with a cap on keys and idle eviction (design §10 "Keys");
+//! * [`keyed`]: per-key state with a cap on keys and idle eviction (design §10 "Keys"), each
+//!   key's state in a [`cell`] decided with one compare-and-swap where it packs;
 //! * [`limiter`]: all-or-nothing multi-descriptor decisions, shadow mode, config transitions;
 //! * [`concurrency`]: in-flight limits (design §10 "Concurrency"); [`direct`]: a single-key
 //!   limiter;
@@ -22,6 +23,7 @@
 #![warn(missing_docs)]
 
 pub mod algorithm;
+pub mod cell;
 pub mod clock;
 pub mod concurrency;
 pub mod config;

@@ -80,7 +80,8 @@ impl RateAlgorithm for Gcra {
     }
 
     /// `check` then `spend` with the level computed once (same result as the default).
-    #[inline]
+    // Always inlined: see `bucket_decision`.
+    #[inline(always)]
     fn decide(&self, state: &mut GcraState, now: Nanos, cost: Micros) -> Decision {
         let (level, t) = self.level(state, now);
         let d = bucket_decision(level, self.capacity, self.rate, cost);
@@ -96,5 +97,25 @@ impl RateAlgorithm for Gcra {
 
     fn capacity(&self) -> Micros {
         self.capacity
+    }
+
+    /// (debt, last), the debt being how far the TAT is ahead of `last` in scaled units (0 when
+    /// it is behind): every method reads the TAT only against a time at or after `last`, where
+    /// a TAT behind `last` means a full bucket however far behind, so the debt answers exactly
+    /// as the TAT does. It fits in 64 bits whenever `capacity × rate.per_ns` does (the debt
+    /// never exceeds it).
+    #[inline]
+    fn pack(&self, state: &GcraState) -> Option<u128> {
+        let debt = state.tat.saturating_sub(self.scaled(state.last));
+        super::pack_words(debt, state.last)
+    }
+
+    #[inline]
+    fn unpack(&self, word: u128) -> Option<GcraState> {
+        let (debt, last) = super::unpack_words(word);
+        Some(GcraState {
+            tat: self.scaled(last) + debt,
+            last,
+        })
     }
 }

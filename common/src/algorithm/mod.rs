@@ -65,6 +65,7 @@ pub trait RateAlgorithm {
     fn capacity(&self) -> Micros;
 
     /// `check` then, when allowed, `spend`: one decision for a single-key request.
+    #[inline]
     fn decide(&self, state: &mut Self::State, now: Nanos, cost: Micros) -> Decision {
         let d = self.check(state, now, cost);
         if d.allowed {
@@ -72,4 +73,36 @@ pub trait RateAlgorithm {
         }
         d
     }
+
+    /// The state as one 128-bit word, so that a decision can replace it with one
+    /// compare-and-swap instead of a lock ([`StateCell`](crate::cell::StateCell)); `None` when
+    /// this algorithm or these numbers have no such form (the default; windows and logs), or
+    /// the word would be [`SLOW`](crate::cell::SLOW). For a word `w` that this returns,
+    /// [`unpack`](Self::unpack)`(w)` is a state that answers every later call exactly as
+    /// `state` does.
+    fn pack(&self, _state: &Self::State) -> Option<u128> {
+        None
+    }
+
+    /// The state of a word [`pack`](Self::pack) returned; `None` when this algorithm has no
+    /// packed form (never for a word it packed).
+    fn unpack(&self, _word: u128) -> Option<Self::State> {
+        None
+    }
+}
+
+/// A packed bucket word: the low 64 bits are a level (or debt) in the algorithm's units, the
+/// high 64 bits the latest time the key has seen, ns; `None` when the level does not fit or
+/// the word would be the reserved [`SLOW`](crate::cell::SLOW) value.
+#[inline]
+pub(crate) fn pack_words(level: u128, last: Nanos) -> Option<u128> {
+    let low = u64::try_from(level).ok()?;
+    let w = u128::from(low) | (u128::from(last) << 64);
+    (w != crate::cell::SLOW).then_some(w)
+}
+
+/// The (level, last) halves of a word of [`pack_words`].
+#[inline]
+pub(crate) fn unpack_words(word: u128) -> (u128, Nanos) {
+    (u128::from(word as u64), (word >> 64) as u64)
 }

@@ -126,10 +126,46 @@ impl LimitParams {
         )
     }
 
+    /// [`RateAlgorithm::decide`] (check, then spend when allowed) on whichever algorithm these
+    /// parameters select; a state of another algorithm is replaced by a fresh one first.
+    #[inline]
+    pub fn decide(&self, state: &mut LimitState, now: Nanos, cost: Micros) -> Decision {
+        if self.kind() != state.kind() {
+            *state = self.initial_state(now);
+        }
+        dispatch!(
+            self,
+            state,
+            |alg, s| alg.decide(s, now, cost),
+            unreachable_mismatch()
+        )
+    }
+
     /// [`RateAlgorithm::spend`]; a no-op on a state of another algorithm (check replaces it).
     #[inline]
     pub fn spend(&self, state: &mut LimitState, now: Nanos, cost: Micros) {
         dispatch!(self, state, |alg, s| alg.spend(s, now, cost), ())
+    }
+
+    /// [`RateAlgorithm::pack`] on whichever algorithm these parameters select; `None` for a
+    /// window or a log, and for a state of another algorithm.
+    #[inline]
+    pub fn pack(&self, state: &LimitState) -> Option<u128> {
+        dispatch!(self, state, |alg, s| alg.pack(s), None)
+    }
+
+    /// [`RateAlgorithm::unpack`] on whichever algorithm these parameters select.
+    #[inline]
+    pub fn unpack(&self, word: u128) -> Option<LimitState> {
+        match *self {
+            LimitParams::TokenBucket { capacity, rate } => TokenBucket { capacity, rate }
+                .unpack(word)
+                .map(LimitState::TokenBucket),
+            LimitParams::Gcra { capacity, rate } => {
+                Gcra { capacity, rate }.unpack(word).map(LimitState::Gcra)
+            }
+            _ => None,
+        }
     }
 
     /// [`RateAlgorithm::is_idle`]; a state of another algorithm is idle (it will be replaced).

@@ -4,8 +4,9 @@
 //! [`Snapshot::decide_inner`] dispatches a one-descriptor request to the fast path in `single`
 //! and everything else here. One attempt ([`Snapshot::try_decide`]) runs these phases in order,
 //! each a function below: look every descriptor up ([`lookup`]), lock each distinct slot once
-//! in address order ([`lock_in_order`]), move the slots to this version and total their costs
-//! ([`advance_and_total`]), check every local limit ([`check_slots`], [`local_verdict`]),
+//! in address order ([`lock_in_order`]; a slot behind this config version is first moved to it
+//! with nothing locked, [`Snapshot::advance_items`], and the attempt retried), total the costs
+//! per slot ([`total_costs`]), check every local limit ([`check_slots`], [`local_verdict`]),
 //! reserve or peek the leased ones ([`decide_leased`], [`cancel_leased`] on a denial), spend
 //! all or nothing ([`settle_slots`]), and write the statuses ([`push_statuses`]).
 
@@ -14,6 +15,7 @@ use super::single::decide_one;
 use super::TABLE_FULL_RETRY_NS;
 use super::{Code, DescriptorStatus, Outcome, Reason, Snapshot, SnapshotDomain};
 use crate::algorithm::LimitParams;
+use crate::cell::CellGuard;
 use crate::config::{Rule, RuleLimit, Scope};
 use crate::decision::{Decision, RetryAfter};
 use crate::descriptor::{Request, RequestError, MAX_DESCRIPTORS};
@@ -21,7 +23,6 @@ use crate::global::{GlobalDecision, GlobalKey, GlobalLimits};
 use crate::keyed::{Slot, SlotState};
 use crate::units::{tokens_to_micros, Micros, Nanos};
 use arrayvec::ArrayVec;
-use parking_lot::MutexGuard;
 use std::sync::Arc;
 
 /// Most lock attempts before a request gives up racing eviction (it then retries from lookup).
@@ -31,7 +32,7 @@ const MAX_RETRIES: usize = 8;
 type PerItem<T> = ArrayVec<T, MAX_DESCRIPTORS>;
 
 /// The locked slots in address order: (slot address, first item using it, guard).
-type Guards<'a> = PerItem<(usize, usize, MutexGuard<'a, SlotState>)>;
+type Guards<'a> = PerItem<(usize, usize, CellGuard<'a, SlotState>)>;
 
 /// What a descriptor of the request is decided by.
 enum Target<'s> {
@@ -146,7 +147,14 @@ impl Snapshot {
         if !lock_in_order(&items, &mut guards) {
             return None;
         }
-        let (totals, slot_of) = self.advance_and_total(&items, &mut guards);
+        if guards.iter().any(|(_, _, g)| g.version < self.version) {
+            // A slot is still at an older config version: it moves under its shard's write
+            // lock, which must not be waited for while holding a cell's lock (`keyed`).
+            guards.clear();
+            self.advance_items(dom, &items);
+            return None;
+        }
+        let (totals, slot_of) = total_costs(&items, &guards);
         let mut decisions = check_slots(&mut guards, &totals, now);
         let mut verdict = local_verdict(&items, &slot_of, &decisions);
         let mut leased = decide_leased(req, &items, global, now, &mut verdict);
@@ -215,38 +223,51 @@ impl Snapshot {
         items
     }
 
-    /// Phase 3: moves each locked slot to this version's parameters and totals the cost of
-    /// the descriptors sharing it; returns the totals per guard and each item's guard.
-    fn advance_and_total(
-        &self,
-        items: &[Target<'_>],
-        guards: &mut Guards<'_>,
-    ) -> (PerItem<Micros>, PerItem<Option<usize>>) {
-        let mut totals: PerItem<Micros> = PerItem::new();
-        totals.extend(std::iter::repeat_n(0, guards.len()));
-        let mut slot_of = PerItem::new();
+    /// Phase 2b, when a locked slot was behind this version: moves every slot of `items` to
+    /// this version's parameters (nothing is locked then; the attempt is retried).
+    fn advance_items(&self, dom: &SnapshotDomain, items: &[Target<'_>]) {
         for it in items {
-            let g = match it {
-                Target::Limited(it @ Item { slot: Some(s), .. }) => {
-                    let addr = Arc::as_ptr(s) as usize;
-                    let gi = guards.binary_search_by_key(&addr, |(a, _, _)| *a).ok();
-                    if let Some(gi) = gi {
-                        totals[gi] = totals[gi].saturating_add(it.cost);
-                    }
-                    gi
-                }
-                _ => None,
-            };
-            slot_of.push(g);
+            if let Target::Limited(
+                it @ Item {
+                    slot: Some(slot), ..
+                },
+            ) = it
+            {
+                dom.tables[it.rule_index as usize].advance(
+                    slot,
+                    &it.params,
+                    self.version,
+                    self.activated_at,
+                );
+            }
         }
-        for (_, first, g) in guards.iter_mut() {
-            let Target::Limited(it) = &items[*first] else {
-                continue;
-            };
-            g.advance(&it.params, self.version, self.activated_at);
-        }
-        (totals, slot_of)
     }
+}
+
+/// Phase 3: totals the cost of the descriptors sharing each locked slot; returns the totals per
+/// guard and each item's guard.
+fn total_costs(
+    items: &[Target<'_>],
+    guards: &Guards<'_>,
+) -> (PerItem<Micros>, PerItem<Option<usize>>) {
+    let mut totals: PerItem<Micros> = PerItem::new();
+    totals.extend(std::iter::repeat_n(0, guards.len()));
+    let mut slot_of = PerItem::new();
+    for it in items {
+        let g = match it {
+            Target::Limited(it @ Item { slot: Some(s), .. }) => {
+                let addr = Arc::as_ptr(s) as usize;
+                let gi = guards.binary_search_by_key(&addr, |(a, _, _)| *a).ok();
+                if let Some(gi) = gi {
+                    totals[gi] = totals[gi].saturating_add(it.cost);
+                }
+                gi
+            }
+            _ => None,
+        };
+        slot_of.push(g);
+    }
+    (totals, slot_of)
 }
 
 /// Phase 2: locks each distinct slot once, in address order (no deadlock between requests).

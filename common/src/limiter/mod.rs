@@ -36,19 +36,72 @@ use arc_swap::ArcSwap;
 use hashbrown::HashMap;
 use null::NoGlobal;
 use parking_lot::Mutex;
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 type Map<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
 /// The keyed limiter. Cheap to share (`Arc<Limiter>`); every method takes `&self`.
+///
+/// A decision finds the current snapshot through a per-thread cache, checked against the
+/// limiter's generation (one plain atomic load) instead of an `ArcSwap` load (about a tenth of
+/// a keyed decision in `cargo bench -p allot-common --bench decision`). A thread keeps the last
+/// snapshot it decided with until it decides again or exits: an old snapshot (and the key
+/// tables of rules it alone still names) may live that long after a config change.
 #[derive(Debug)]
 pub struct Limiter {
     current: ArcSwap<Snapshot>,
+    /// Bumped after every change of `current`.
+    generation: AtomicU64,
+    /// Unique among the limiters of this process (for the per-thread cache).
+    id: u64,
     /// Key tables by rule id across versions; only touched when a config is applied.
     tables: Mutex<Map<String, Arc<KeyTable>>>,
 }
 
+/// The snapshot a thread decided with last, and which limiter and generation it belongs to.
+struct CachedSnapshot {
+    limiter: u64,
+    generation: u64,
+    snapshot: Arc<Snapshot>,
+}
+
+thread_local! {
+    static CACHED: RefCell<Option<CachedSnapshot>> = const { RefCell::new(None) };
+}
+
+/// Source of [`Limiter::id`]s.
+static NEXT_LIMITER: AtomicU64 = AtomicU64::new(0);
+
 impl Limiter {
+    /// Calls `f` with the current snapshot, from this thread's cache when it is still current.
+    #[inline(always)]
+    fn with_current<R>(&self, f: impl FnOnce(&Snapshot) -> R) -> R {
+        let generation = self.generation.load(Ordering::Acquire);
+        CACHED.with(|cell| {
+            // A shared borrow: a decision made from inside another (a backend deciding with
+            // this limiter too) reads the same cache.
+            if let Ok(c) = cell.try_borrow() {
+                if let Some(c) = c
+                    .as_ref()
+                    .filter(|c| c.limiter == self.id && c.generation == generation)
+                {
+                    return f(&c.snapshot);
+                }
+            }
+            let snapshot = self.current.load_full();
+            if let Ok(mut c) = cell.try_borrow_mut() {
+                *c = Some(CachedSnapshot {
+                    limiter: self.id,
+                    generation,
+                    snapshot: snapshot.clone(),
+                });
+            }
+            f(&snapshot)
+        })
+    }
+
     /// Decides `req` at `now`, writing one status per descriptor into `statuses` (cleared first;
     /// reuse the buffer and the hot path allocates nothing once every key exists).
     ///
@@ -60,9 +113,7 @@ impl Limiter {
         now: Nanos,
         statuses: &mut Vec<DescriptorStatus>,
     ) -> Result<Outcome, RequestError> {
-        self.current
-            .load()
-            .decide_inner::<NoGlobal>(req, now, statuses, None)
+        self.with_current(|s| s.decide_inner::<NoGlobal>(req, now, statuses, None))
     }
 
     /// As [`decide`](Self::decide), but descriptors whose rule has `scope: global` are decided
@@ -78,9 +129,7 @@ impl Limiter {
         statuses: &mut Vec<DescriptorStatus>,
         global: &G,
     ) -> Result<Outcome, RequestError> {
-        self.current
-            .load()
-            .decide_inner(req, now, statuses, Some(global))
+        self.with_current(|s| s.decide_inner(req, now, statuses, Some(global)))
     }
 
     /// Gives back unused cost of an admitted request with the current config version; see

@@ -58,20 +58,8 @@ pub(super) fn decide_one<G: GlobalLimits>(
         _ => {
             let table = &dom.tables[ri];
             let hash = table.hash(entries);
-            let decided = table.with_slot(entries, hash, &params, snap.version, now, |slot| {
-                let mut g = slot.value.lock();
-                if g.evicted {
-                    return None;
-                }
-                // The slot's parameters after the move to this version (or a newer one's).
-                let p = g.advance(&params, snap.version, snap.activated_at);
-                let d = p.check(&mut g.state, now, cost);
-                if d.allowed {
-                    p.spend(&mut g.state, now, cost);
-                }
-                Some(d)
-            });
-            match decided {
+            let at = snap.activated_at;
+            match table.decide(entries, hash, &params, snap.version, at, now, cost) {
                 Ok(Some(d)) => Some(d),
                 Ok(None) => return None,
                 Err(TableFull { .. }) => None,

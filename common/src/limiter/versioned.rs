@@ -2,7 +2,7 @@
 //! [`Snapshot`]; key tables of rules whose id (key shape) is unchanged carry over, and their keys
 //! move to the new parameters lazily, at the snapshot's activation time.
 
-use super::{Limiter, Map};
+use super::{Limiter, Map, NEXT_LIMITER};
 use crate::config::{ConfigSet, DomainConfig, RuleLimit};
 use crate::descriptor::{Request, RequestError};
 use crate::keyed::KeyTable;
@@ -10,6 +10,7 @@ use crate::name::NameIndex;
 use crate::units::Nanos;
 use arc_swap::ArcSwap;
 use parking_lot::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// A domain of a snapshot with its rules' key tables.
@@ -70,6 +71,8 @@ impl Limiter {
                 activated_at: now,
                 domains: NameIndex::default(),
             }),
+            generation: AtomicU64::new(0),
+            id: NEXT_LIMITER.fetch_add(1, Ordering::Relaxed),
             tables: Mutex::new(Map::default()),
         };
         l.apply(config, now);
@@ -112,6 +115,8 @@ impl Limiter {
             activated_at: now,
             domains,
         }));
+        // After the store: a decision that sees this generation loads the new snapshot.
+        self.generation.fetch_add(1, Ordering::Release);
         version
     }
 

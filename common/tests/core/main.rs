@@ -6,6 +6,7 @@
 
 mod concurrency;
 mod limiter;
+mod packed;
 mod properties;
 mod robustness;
 mod seed30;
