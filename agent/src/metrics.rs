@@ -1,8 +1,9 @@
 //! The agent's metrics, exported in the Prometheus text format through OpenTelemetry.
 //!
-//! The decision path only bumps atomics (per policy, found by rule index) and records one
-//! histogram sample without attributes; OpenTelemetry's observable instruments read the atomics
-//! when `/metrics` is scraped. Labels are bounded: policy names come from the config, RPC kinds
+//! The decision path only bumps atomics (per policy, found by rule index, and one latency
+//! histogram bucket in integer nanoseconds): it allocates nothing (issue 13 item 5);
+//! OpenTelemetry's observable instruments read the atomics when `/metrics` is scraped, and the
+//! two histograms are appended to its text. Labels are bounded: policy names come from the config, RPC kinds
 //! and codes are fixed sets — never a descriptor value.
 
 use crate::lease::book::LeaseCounters;
@@ -10,7 +11,7 @@ use crate::lease::LeaseBook;
 use allot_common::limiter::{Code, DescriptorStatus, Outcome, Snapshot};
 use allot_common::units::{Nanos, MICROS_PER_TOKEN, NANOS_PER_SEC};
 use arc_swap::ArcSwap;
-use opentelemetry::metrics::{Histogram, Meter, MeterProvider};
+use opentelemetry::metrics::{Meter, MeterProvider};
 use opentelemetry::KeyValue;
 use opentelemetry_sdk::metrics::SdkMeterProvider;
 use parking_lot::Mutex;
@@ -59,7 +60,7 @@ pub struct Metrics {
     book: Arc<LeaseBook>,
     /// Kept alive: dropping the provider stops collection.
     _provider: SdkMeterProvider,
-    latency: Histogram<f64>,
+    latency: NanosHistogram,
     by_rule: ArcSwap<ByRule>,
     by_name: Arc<Mutex<HashMap<String, Arc<PolicyCounters>>>>,
     /// Requests by outcome.
@@ -72,10 +73,25 @@ impl std::fmt::Debug for Metrics {
     }
 }
 
-/// Decision latency buckets, seconds: 1 µs to 1 s (a cold wait is bounded by `cold_wait_ms`).
-const LATENCY_BUCKETS: &[f64] = &[
-    1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 1e-2, 5e-2, 0.1,
-    0.25, 1.0,
+/// Upper bounds of the decision latency buckets, ns: 1 µs to 1 s (a cold wait is bounded by
+/// `cold_wait_ms`).
+const LATENCY_BUCKETS_NS: &[Nanos] = &[
+    1_000,
+    2_500,
+    5_000,
+    10_000,
+    25_000,
+    50_000,
+    100_000,
+    250_000,
+    500_000,
+    1_000_000,
+    2_500_000,
+    10_000_000,
+    50_000_000,
+    100_000_000,
+    250_000_000,
+    1_000_000_000,
 ];
 
 impl Metrics {
@@ -100,12 +116,7 @@ impl Metrics {
         register_requests(&meter, requests.clone());
         register_lease_counters(&meter, &book);
         register_lease_gauges(&meter, &book);
-        let latency = meter
-            .f64_histogram("allot_agent_decision_latency")
-            .with_unit("s")
-            .with_description("Time to decide one request (adapters excluded), seconds")
-            .with_boundaries(LATENCY_BUCKETS.to_vec())
-            .build();
+        let latency = NanosHistogram::new(LATENCY_BUCKETS_NS);
         Ok(Metrics {
             registry,
             book,
@@ -134,15 +145,16 @@ impl Metrics {
         self.by_rule.store(Arc::new(by_rule));
     }
 
-    /// Counts one decision of `domain` and its latency in seconds.
+    /// Counts one decision of `domain` and its latency.
     pub fn record(
         &self,
         domain: &str,
         outcome: &Outcome,
         statuses: &[DescriptorStatus],
-        seconds: f64,
+        took: std::time::Duration,
     ) {
-        self.latency.record(seconds, &[]);
+        self.latency
+            .record(u64::try_from(took.as_nanos()).unwrap_or(u64::MAX));
         let ok = outcome.code == Code::Ok;
         let c = if ok {
             &self.requests.ok
@@ -185,6 +197,11 @@ impl Metrics {
             .encode(&self.registry.gather(), &mut out)
             .map_err(|e| MetricsError::Encode(e.to_string()))?;
         let mut text = String::from_utf8(out).map_err(|e| MetricsError::Encode(e.to_string()))?;
+        self.latency.encode(
+            "allot_agent_decision_latency_seconds",
+            "Time to decide one request (adapters excluded), seconds",
+            &mut text,
+        );
         self.book.counters.wait_time.encode(
             "allot_agent_lease_wait_seconds",
             "Time requests waited for an allocator call (cold or exhausted key), seconds",
@@ -211,19 +228,31 @@ const WAIT_BUCKETS_NS: [Nanos; 12] = [
     5_000_000_000,
 ];
 
-/// A Prometheus histogram of durations kept in integer nanoseconds with atomics (recorded off
-/// the hot path: only by requests that waited for the allocator).
-#[derive(Debug, Default)]
-pub struct WaitHistogram {
-    /// Count per bucket of [`WAIT_BUCKETS_NS`] (not cumulative), then the overflow bucket.
-    buckets: [AtomicU64; WAIT_BUCKETS_NS.len() + 1],
+/// A Prometheus histogram of durations kept in integer nanoseconds with atomics: recording is
+/// one bucket increment and one saturating add, no lock and no allocation.
+#[derive(Debug)]
+pub struct NanosHistogram {
+    /// Upper bounds of the buckets, ns, increasing.
+    bounds: &'static [Nanos],
+    /// Count per bucket of `bounds` (not cumulative), then the overflow bucket.
+    buckets: Box<[AtomicU64]>,
     sum_ns: AtomicU64,
 }
 
-impl WaitHistogram {
-    /// Records one wait of `ns` nanoseconds (the sum saturates at `u64::MAX` ns, 584 years).
+impl NanosHistogram {
+    /// An empty histogram with buckets up to each of `bounds` (ns, increasing) and beyond.
+    pub fn new(bounds: &'static [Nanos]) -> Self {
+        NanosHistogram {
+            bounds,
+            buckets: (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect(),
+            sum_ns: AtomicU64::new(0),
+        }
+    }
+
+    /// Records one duration of `ns` nanoseconds (the sum saturates at `u64::MAX` ns, 584
+    /// years).
     pub fn record(&self, ns: Nanos) {
-        let i = WAIT_BUCKETS_NS.partition_point(|b| *b < ns);
+        let i = self.bounds.partition_point(|b| *b < ns);
         self.buckets[i].fetch_add(1, Ordering::Relaxed);
         let _ = self
             .sum_ns
@@ -232,7 +261,7 @@ impl WaitHistogram {
             });
     }
 
-    /// Waits recorded so far.
+    /// Durations recorded so far.
     pub fn count(&self) -> u64 {
         self.buckets
             .iter()
@@ -246,7 +275,7 @@ impl WaitHistogram {
         let _ = writeln!(out, "# HELP {name} {help}");
         let _ = writeln!(out, "# TYPE {name} histogram");
         let mut cumulative = 0u64;
-        for (i, le) in WAIT_BUCKETS_NS.iter().enumerate() {
+        for (i, le) in self.bounds.iter().enumerate() {
             cumulative = cumulative.saturating_add(self.buckets[i].load(Ordering::Relaxed));
             let le = seconds(*le);
             let _ = writeln!(out, "{name}_bucket{{le=\"{le}\"}} {cumulative}");
@@ -256,6 +285,24 @@ impl WaitHistogram {
         let sum = seconds(self.sum_ns.load(Ordering::Relaxed));
         let _ = writeln!(out, "{name}_sum {sum}");
         let _ = writeln!(out, "{name}_count {count}");
+    }
+}
+
+/// The histogram of waits for the allocator ([`WAIT_BUCKETS_NS`]; recorded off the hot path:
+/// only by requests that waited).
+#[derive(Debug)]
+pub struct WaitHistogram(NanosHistogram);
+
+impl Default for WaitHistogram {
+    fn default() -> Self {
+        WaitHistogram(NanosHistogram::new(&WAIT_BUCKETS_NS))
+    }
+}
+
+impl std::ops::Deref for WaitHistogram {
+    type Target = NanosHistogram;
+    fn deref(&self) -> &NanosHistogram {
+        &self.0
     }
 }
 

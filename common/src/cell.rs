@@ -1,4 +1,4 @@
-//! One key's state behind one compare-and-swap (design §10 "Concurrency of a key"): a bucket
+//! One key's state behind one compare-and-swap (design §10 "All or nothing"): a bucket
 //! whose numbers fit is kept as one 128-bit word ([`RateAlgorithm::pack`]) that a decision
 //! replaces with a single compare-and-swap; any other state, and any operation that needs more
 //! than one key or more than the word (config transitions, eviction, multi-descriptor

@@ -1,5 +1,6 @@
 //! What every adapter calls: the one enforcer, request tracking and metrics.
 
+use super::pool::Pooled;
 use super::{refund, ApiError, Reserved, Settled, TrackingSettings, Verdict};
 use crate::enforce::Enforcer;
 use crate::metrics::Metrics;
@@ -7,7 +8,7 @@ use crate::tracked::{Begin, OwnedRequest, Reservation, TrackedRequests};
 use allot_common::concurrency::Permit;
 use allot_common::config::ConfigSet;
 use allot_common::descriptor::Request;
-use allot_common::limiter::{Code, Reason};
+use allot_common::limiter::{Code, DescriptorStatus, Reason};
 use allot_common::units::{millis_to_nanos, Nanos};
 use std::borrow::Cow;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -80,7 +81,7 @@ impl Decider {
         record: bool,
     ) -> Result<Verdict, ApiError> {
         let started = Instant::now();
-        let mut statuses = Vec::with_capacity(req.descriptors.len());
+        let mut statuses = Pooled::<Vec<DescriptorStatus>>::take();
         let mut outcome = self
             .enforcer
             .decide_with_slots(req, &mut statuses, permits, record)
@@ -108,17 +109,15 @@ impl Decider {
                 return Err(e.into());
             }
         };
-        self.metrics.record(
-            req.domain,
-            &outcome,
-            &statuses,
-            started.elapsed().as_secs_f64(),
-        );
+        self.metrics
+            .record(req.domain, &outcome, &statuses, started.elapsed());
+        let mut domain = Pooled::<String>::take();
+        domain.push_str(req.domain);
         Ok(Verdict {
             outcome,
             statuses,
             snapshot,
-            domain: req.domain.to_string(),
+            domain,
             charges,
         })
     }

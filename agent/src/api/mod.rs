@@ -9,6 +9,7 @@ mod error;
 mod headers;
 pub mod http;
 pub mod native;
+pub mod pool;
 pub mod refund;
 pub mod rls;
 mod settings;
@@ -17,7 +18,7 @@ mod wire;
 
 pub use decider::Decider;
 pub use error::ApiError;
-pub use headers::{ms_ceil, rate_limit_headers, rule_limit};
+pub use headers::{ms_ceil, rate_limit_header_values, rate_limit_headers, rule_limit};
 pub use settings::TrackingSettings;
 pub use verdict::{Reserved, Settled, Verdict};
 pub use wire::{

@@ -1,5 +1,6 @@
 //! The answers of the API facade: a decided request, a reservation, a settlement.
 
+use super::pool::Pooled;
 use crate::lease::Charged;
 use allot_common::config::Rule;
 use allot_common::limiter::{Code, DescriptorStatus, Outcome, Reason, Snapshot};
@@ -13,12 +14,12 @@ use std::sync::Arc;
 pub struct Verdict {
     /// Overall outcome.
     pub outcome: Outcome,
-    /// One status per request descriptor, in order.
-    pub statuses: Vec<DescriptorStatus>,
+    /// One status per request descriptor, in order (a reused buffer).
+    pub statuses: Pooled<Vec<DescriptorStatus>>,
     /// The config that decided (for rule names).
     pub snapshot: Arc<Snapshot>,
-    /// The request's domain.
-    pub domain: String,
+    /// The request's domain (a reused buffer).
+    pub domain: Pooled<String>,
     /// What each admitted leased descriptor charged (kept for a reservation's settlement; empty
     /// for a plain check).
     pub charges: Vec<Charged>,

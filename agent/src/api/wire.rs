@@ -1,9 +1,22 @@
-//! Descriptors as the wire formats carry them, borrowed as the decision core's (no copies).
+//! Descriptors as the wire formats carry them, borrowed as the decision core's (no copies, and
+//! no allocation for requests of up to [`INLINE_ENTRIES`] entries in up to
+//! [`INLINE_DESCRIPTORS`] descriptors).
 
 use super::ApiError;
 use allot_common::descriptor::{
     Descriptor, Entry, Request, RequestError, MAX_COST_TOKENS, MAX_DESCRIPTORS, MAX_ENTRIES,
 };
+use smallvec::SmallVec;
+
+/// Entries of a request held inline (without allocating) by [`BorrowedEntries`].
+pub const INLINE_ENTRIES: usize = 8;
+/// Descriptors of a request held inline (without allocating) by [`BorrowedDescriptors`].
+pub const INLINE_DESCRIPTORS: usize = 4;
+
+/// A request's entries borrowed as the core's, all descriptors' in order.
+pub type BorrowedEntries<'a> = SmallVec<[Entry<'a>; INLINE_ENTRIES]>;
+/// A request's descriptors borrowed as the core's.
+pub type BorrowedDescriptors<'a> = SmallVec<[Descriptor<'a>; INLINE_DESCRIPTORS]>;
 
 /// A descriptor as a wire format carries it; implemented by each adapter's message type.
 pub trait WireDescriptor {
@@ -29,7 +42,7 @@ pub trait WireEntry {
 ///
 /// # Errors
 /// [`RequestError::TooManyDescriptors`] or [`RequestError::TooManyEntries`].
-pub fn borrow_entries<D: WireDescriptor>(descs: &[D]) -> Result<Vec<Entry<'_>>, RequestError> {
+pub fn borrow_entries<D: WireDescriptor>(descs: &[D]) -> Result<BorrowedEntries<'_>, RequestError> {
     if descs.len() > MAX_DESCRIPTORS {
         return Err(RequestError::TooManyDescriptors {
             got: descs.len(),
@@ -47,7 +60,7 @@ pub fn borrow_entries<D: WireDescriptor>(descs: &[D]) -> Result<Vec<Entry<'_>>, 
         }
         total += d.entries().len();
     }
-    let mut out = Vec::with_capacity(total);
+    let mut out = BorrowedEntries::with_capacity(total);
     for d in descs {
         out.extend(d.entries().iter().map(|e| Entry {
             key: e.key(),
@@ -61,8 +74,8 @@ pub fn borrow_entries<D: WireDescriptor>(descs: &[D]) -> Result<Vec<Entry<'_>>, 
 pub fn borrow_descriptors<'a, D: WireDescriptor>(
     descs: &[D],
     entries: &'a [Entry<'a>],
-) -> Vec<Descriptor<'a>> {
-    let mut out = Vec::with_capacity(descs.len());
+) -> BorrowedDescriptors<'a> {
+    let mut out = BorrowedDescriptors::with_capacity(descs.len());
     let mut at = 0;
     for d in descs {
         let n = d.entries().len();
@@ -96,7 +109,7 @@ pub struct WireRequest<'a, D> {
     domain: &'a str,
     descs: &'a [D],
     hits: Option<u64>,
-    entries: Vec<Entry<'a>>,
+    entries: BorrowedEntries<'a>,
 }
 
 impl<'a, D: WireDescriptor> WireRequest<'a, D> {
@@ -121,7 +134,7 @@ impl<'a, D: WireDescriptor> WireRequest<'a, D> {
     }
 
     /// The core's descriptors over the entries read.
-    pub fn descriptors(&self) -> Vec<Descriptor<'_>> {
+    pub fn descriptors(&self) -> BorrowedDescriptors<'_> {
         borrow_descriptors(self.descs, &self.entries)
     }
 

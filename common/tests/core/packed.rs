@@ -440,11 +440,11 @@ impl allot_common::global::GlobalLimits for NoLeases {
     }
     fn peek(
         &self,
-        _: allot_common::global::GlobalKey<'_>,
-        _: Micros,
-        _: Nanos,
+        key: allot_common::global::GlobalKey<'_>,
+        cost: Micros,
+        now: Nanos,
     ) -> allot_common::global::GlobalDecision<()> {
-        unreachable!("no leased rule")
+        self.reserve(key, cost, now)
     }
     fn cancel(&self, _: ()) {}
     fn refund(&self, _: allot_common::global::GlobalKey<'_>, _: Micros, _: Nanos) {}

@@ -45,8 +45,10 @@ use allot_proto::prost_types::Duration as PbDuration;
 use std::sync::Arc;
 use tonic::{Request as TonicRequest, Response, Status};
 
+mod answer;
 mod wire;
-pub use wire::{RlsCodec, RlsDecoder, RlsRequest, RlsServer};
+pub use answer::RlsAnswer;
+pub use wire::{RlsCodec, RlsDecoder, RlsEncoder, RlsRequest, RlsServer};
 
 impl WireEntry for rate_limit_descriptor::Entry {
     fn key(&self) -> &str {
@@ -90,23 +92,30 @@ impl RlsService {
     ///
     /// # Errors
     /// A [`Status`] only when the agent itself fails (not for anything the caller sent).
-    pub async fn answer(&self, request: RlsRequest) -> Result<RateLimitResponse, Status> {
+    pub async fn answer(&self, request: RlsRequest) -> Result<RlsAnswer, Status> {
         match request {
-            RlsRequest::Valid(r) => self.answer_valid(&r).await,
+            RlsRequest::Valid(r) => self.answer_decoded(&r).await,
             RlsRequest::NotUtf8 { field, descriptors } => {
                 self.decider.count_invalid();
                 let e = ApiError::Malformed(format!("{field} is not UTF-8"));
-                Ok(refused_invalid(descriptors, &e))
+                Ok(RlsAnswer::Built(refused_invalid(descriptors, &e)))
             }
         }
     }
 
-    /// [`Self::decide`], with invalid input refused as OVER_LIMIT instead of returned.
-    async fn answer_valid(&self, r: &RateLimitRequest) -> Result<RateLimitResponse, Status> {
-        match self.decide(r).await {
-            Ok(resp) => Ok(resp),
+    /// [`Self::decide_answer`], with invalid input refused as OVER_LIMIT instead of returned:
+    /// the whole translation from a decoded request to the answer the server encodes, which
+    /// allocates nothing for a valid request of a known domain (`tests/allocations.rs`).
+    ///
+    /// # Errors
+    /// As [`answer`](Self::answer).
+    pub async fn answer_decoded(&self, r: &RateLimitRequest) -> Result<RlsAnswer, Status> {
+        match self.decide_answer(r).await {
+            Ok(a) => Ok(a),
             // Fail closed: an error would let the request through Envoy (issue 10 item 16).
-            Err(e) if e.is_invalid_argument() => Ok(refused_invalid(r.descriptors.len(), &e)),
+            Err(e) if e.is_invalid_argument() => {
+                Ok(RlsAnswer::Built(refused_invalid(r.descriptors.len(), &e)))
+            }
             Err(e) => Err(e.into()),
         }
     }
@@ -116,6 +125,12 @@ impl RlsService {
     /// # Errors
     /// [`ApiError`] for malformed input (nothing spent).
     pub async fn decide(&self, r: &RateLimitRequest) -> Result<RateLimitResponse, ApiError> {
+        Ok(self.decide_answer(r).await?.to_response())
+    }
+
+    /// [`decide`](Self::decide), answering with an [`RlsAnswer`] (encoded without building
+    /// the response message).
+    async fn decide_answer(&self, r: &RateLimitRequest) -> Result<RlsAnswer, ApiError> {
         if let Some(i) = r.descriptors.iter().position(|d| d.is_negative_hits) {
             self.decider.count_invalid();
             return Err(ApiError::Malformed(format!(
@@ -133,9 +148,9 @@ impl RlsService {
             hits_addend: hits,
         };
         match self.decider.check(&req, None).await {
-            Ok(v) => Ok(response(&v)),
+            Ok(v) => Ok(RlsAnswer::Decided(v)),
             Err(ApiError::Invalid(RequestError::UnknownDomain(_))) => {
-                Ok(unknown_domain(r.descriptors.len()))
+                Ok(RlsAnswer::UnknownDomain(r.descriptors.len()))
             }
             Err(e) => Err(e),
         }
@@ -255,8 +270,7 @@ impl RateLimitService for RlsService {
         &self,
         request: TonicRequest<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
-        self.answer_valid(request.get_ref())
-            .await
-            .map(Response::new)
+        let answer = self.answer_decoded(request.get_ref()).await?;
+        Ok(Response::new(answer.to_response()))
     }
 }

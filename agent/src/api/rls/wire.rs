@@ -10,9 +10,9 @@
 //! strings as bytes) to name the first non-UTF-8 field, which the service refuses as OVER_LIMIT.
 //! Only a body that is not a protobuf is an error (INVALID_ARGUMENT; Envoy never sends one).
 
-use super::RlsService;
+use super::{RlsAnswer, RlsService};
 use allot_proto::envoy::service::ratelimit::v3::rate_limit_service_server::SERVICE_NAME;
-use allot_proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use allot_proto::envoy::service::ratelimit::v3::RateLimitRequest;
 use allot_proto::rls_raw::RawRateLimitRequest;
 use prost::bytes::Buf;
 use prost::Message;
@@ -20,11 +20,10 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use tonic::body::Body as TonicBody;
-use tonic::codec::{Codec, DecodeBuf, Decoder};
+use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::codegen::{http, Body, BoxFuture, StdError};
 use tonic::server::{Grpc, NamedService, UnaryService};
 use tonic::Status;
-use tonic_prost::ProstEncoder;
 
 /// The gRPC path of `ShouldRateLimit`.
 const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
@@ -73,22 +72,37 @@ impl RlsRequest {
     }
 }
 
-/// The `ShouldRateLimit` codec: prost's encoder for the response, [`RlsDecoder`] for the request.
+/// The `ShouldRateLimit` codec: [`RlsEncoder`] for the answer, [`RlsDecoder`] for the request.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct RlsCodec;
 
 impl Codec for RlsCodec {
-    type Encode = RateLimitResponse;
+    type Encode = RlsAnswer;
     type Decode = RlsRequest;
-    type Encoder = ProstEncoder<RateLimitResponse>;
+    type Encoder = RlsEncoder;
     type Decoder = RlsDecoder;
 
     fn encoder(&mut self) -> Self::Encoder {
-        ProstEncoder::default()
+        RlsEncoder
     }
 
     fn decoder(&mut self) -> Self::Decoder {
         RlsDecoder
+    }
+}
+
+/// Encodes an [`RlsAnswer`] straight into tonic's buffer (the `RateLimitResponse` bytes, with
+/// no message built in between: [`RlsAnswer::encode_into`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RlsEncoder;
+
+impl Encoder for RlsEncoder {
+    type Item = RlsAnswer;
+    type Error = Status;
+
+    fn encode(&mut self, item: RlsAnswer, buf: &mut EncodeBuf<'_>) -> Result<(), Status> {
+        item.encode_into(buf);
+        Ok(())
     }
 }
 
@@ -119,8 +133,8 @@ impl Decoder for RlsDecoder {
 struct ShouldRateLimit(Arc<RlsService>);
 
 impl UnaryService<RlsRequest> for ShouldRateLimit {
-    type Response = RateLimitResponse;
-    type Future = BoxFuture<tonic::Response<RateLimitResponse>, Status>;
+    type Response = RlsAnswer;
+    type Future = BoxFuture<tonic::Response<RlsAnswer>, Status>;
 
     fn call(&mut self, request: tonic::Request<RlsRequest>) -> Self::Future {
         let service = Arc::clone(&self.0);
