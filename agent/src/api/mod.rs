@@ -10,6 +10,7 @@ mod headers;
 pub mod http;
 pub mod native;
 pub mod pool;
+mod proto_out;
 pub mod refund;
 pub mod rls;
 mod settings;

@@ -5,10 +5,12 @@
 //! message for every kind of verdict.
 
 use super::{code, duration, unit};
+use crate::api::proto_out::{
+    message_header, message_len, opt_str, opt_varint, opt_varint_len, str_len, varint, varint_len,
+};
 use crate::api::{rate_limit_header_values, rule_limit, Verdict};
 use allot_proto::envoy::service::ratelimit::v3::{rate_limit_response, RateLimitResponse};
 use prost::bytes::BufMut;
-use prost::encoding::{encode_key, encode_varint, encoded_len_varint, WireType};
 use prost::Message;
 
 /// What `ShouldRateLimit` answers.
@@ -136,58 +138,4 @@ fn encode_verdict(v: &Verdict, buf: &mut impl BufMut) {
         opt_str(1, name, buf);
         opt_str(2, value, buf);
     }
-}
-
-fn key_len(tag: u32) -> usize {
-    encoded_len_varint(u64::from(tag << 3))
-}
-
-fn varint(tag: u32, v: u64, buf: &mut impl BufMut) {
-    encode_key(tag, WireType::Varint, buf);
-    encode_varint(v, buf);
-}
-
-fn varint_len(tag: u32, v: u64) -> usize {
-    key_len(tag) + encoded_len_varint(v)
-}
-
-/// A proto3 scalar: omitted when 0.
-fn opt_varint(tag: u32, v: u64, buf: &mut impl BufMut) {
-    if v != 0 {
-        varint(tag, v, buf);
-    }
-}
-
-fn opt_varint_len(tag: u32, v: u64) -> usize {
-    if v == 0 {
-        0
-    } else {
-        varint_len(tag, v)
-    }
-}
-
-/// A proto3 string: omitted when empty.
-fn opt_str(tag: u32, s: &str, buf: &mut impl BufMut) {
-    if !s.is_empty() {
-        message_header(tag, s.len(), buf);
-        buf.put_slice(s.as_bytes());
-    }
-}
-
-fn str_len(tag: u32, s: &str) -> usize {
-    if s.is_empty() {
-        0
-    } else {
-        message_len(tag, s.len())
-    }
-}
-
-/// The key and length of a length-delimited field of `len` bytes.
-fn message_header(tag: u32, len: usize, buf: &mut impl BufMut) {
-    encode_key(tag, WireType::LengthDelimited, buf);
-    encode_varint(len as u64, buf);
-}
-
-fn message_len(tag: u32, len: usize) -> usize {
-    key_len(tag) + encoded_len_varint(len as u64) + len
 }
