@@ -98,6 +98,24 @@ pub struct Checker {
     pub invariant_checks: u64,
     /// The largest bound a node reported for one key, µtokens.
     pub max_bound: Micros,
+    /// Per key, the largest bound a node reported, µtokens.
+    pub max_bound_by_key: Vec<Micros>,
+    /// Per key, the stranded tokens the most advanced ledger counts in this generation, µtokens.
+    stranded_now: Vec<Micros>,
+    /// Stranded tokens of earlier generations (before state losses), µtokens.
+    stranded_before: Micros,
+    /// The observation instant `unreported_sum` is being summed for, ns.
+    unreported_at: u64,
+    /// Σ over the agents observed at `unreported_at` of spent − reported, µtokens.
+    unreported_sum: Micros,
+    /// The longest an allocation of any key can be spent after its grant (ttl + drift), ns:
+    /// a grant held after a state loss whose Acquire may have been sent before it is the lost
+    /// cluster's, not a grant the new one lost.
+    pub lease_life_ns: u64,
+    /// The largest spend the agents had made and the most advanced ledger had not been
+    /// reported at one observation instant (every key), µtokens: the delay part of the bound
+    /// (design §6, Σ rᵢ·Δ).
+    pub max_unreported: Micros,
 }
 
 impl Checker {
@@ -105,6 +123,8 @@ impl Checker {
     pub fn new(keys: usize) -> Self {
         Checker {
             samples: vec![Vec::new(); keys],
+            max_bound_by_key: vec![0; keys],
+            stranded_now: vec![0; keys],
             ..Checker::default()
         }
     }
@@ -128,6 +148,38 @@ impl Checker {
             .collect();
         self.losses.push((at_ns, before));
         self.generation += 1;
+        let lost: Micros = self
+            .stranded_now
+            .iter()
+            .fold(0, |a, s| a.saturating_add(*s));
+        self.stranded_before = self.stranded_before.saturating_add(lost);
+        self.stranded_now.iter_mut().for_each(|s| *s = 0);
+    }
+
+    /// Records the stranded tokens the most advanced ledger `l` counts for every key (the
+    /// counts only grow within a generation; a lagging ledger's smaller count is ignored).
+    pub fn read_stranded(&mut self, keys: &[Key], l: &Ledger) {
+        for (i, k) in keys.iter().enumerate() {
+            let pk = PolicyKey {
+                domain: k.domain.clone(),
+                entries: k.entries.clone(),
+            };
+            if let Ok(s) = l.status(&pk, l.last_ms()) {
+                let stranded = s
+                    .regions
+                    .iter()
+                    .map(|r| r.stranded)
+                    .fold(0, u64::saturating_add);
+                self.stranded_now[i] = self.stranded_now[i].max(stranded);
+            }
+        }
+    }
+
+    /// Tokens stranded so far over every key and cluster generation, µtokens.
+    pub fn stranded(&self) -> Micros {
+        self.stranded_now
+            .iter()
+            .fold(self.stranded_before, |a, s| a.saturating_add(*s))
     }
 
     /// Checks one live node's ledger at `now_ns`: its own invariants, no spend claimed beyond a
@@ -214,9 +266,21 @@ impl Checker {
     ) {
         let g = self.generation;
         let mut found: Vec<(&'static str, String)> = Vec::new();
+        if now_ns != self.unreported_at {
+            self.unreported_at = now_ns;
+            self.unreported_sum = 0;
+        }
+        // The agent's clock less true time (drift aside), to place a state loss on it.
+        let offset = i128::from(agent_now) - i128::from(now_ns);
+        let last_loss = self.losses.last().map(|(at, _)| i128::from(*at) + offset);
+        let life = i128::from(self.lease_life_ns);
         for h in held {
+            // Sent before the last loss (its deadline is less than a lease life after it):
+            // possibly granted by the lost cluster, whose ids the new one reuses.
+            let before_loss = last_loss.is_some_and(|l| i128::from(h.deadline) - life < l);
+            let generation = if before_loss { g.saturating_sub(1) } else { g };
             let entry = self.held.entry((agent, h.id, h.deadline)).or_insert(Held {
-                generation: g,
+                generation,
                 epoch: h.epoch,
                 granted: h.granted,
                 spent_at_deadline: None,
@@ -255,6 +319,10 @@ impl Checker {
                 None => {}
                 Some(a) => {
                     entry.unknown_since = None;
+                    if matches!(a.state, AllocationState::Live) {
+                        let unreported = h.spent.saturating_sub(a.reported);
+                        self.unreported_sum = self.unreported_sum.saturating_add(unreported);
+                    }
                     if a.holder != holder || a.epoch != entry.epoch || a.base != entry.granted {
                         let detail = format!(
                             "{holder} holds allocation {} (epoch {}, {} µtokens), the ledger's is \
@@ -281,6 +349,7 @@ impl Checker {
                 }
             }
         }
+        self.max_unreported = self.max_unreported.max(self.unreported_sum);
         for (kind, detail) in found {
             self.violation(now_ns, kind, detail);
         }
@@ -295,17 +364,23 @@ impl Checker {
                 entries: k.entries.clone(),
             };
             let (bound, calendar_remaining) = match l.status(&pk, l.last_ms()) {
-                Ok(s) => (
-                    s.regions
-                        .iter()
-                        .map(|r| r.overshoot_bound)
-                        .fold(0, u64::saturating_add),
-                    s.calendar_remaining,
-                ),
+                Ok(s) => {
+                    let stranded = s.regions.iter().map(|r| r.stranded);
+                    let stranded = stranded.fold(0, u64::saturating_add);
+                    self.stranded_now[i] = self.stranded_now[i].max(stranded);
+                    (
+                        s.regions
+                            .iter()
+                            .map(|r| r.overshoot_bound)
+                            .fold(0, u64::saturating_add),
+                        s.calendar_remaining,
+                    )
+                }
                 // No state for the key: nothing granted, nothing spent.
                 Err(_) => (0, None),
             };
             self.max_bound = self.max_bound.max(bound);
+            self.max_bound_by_key[i] = self.max_bound_by_key[i].max(bound);
             self.samples[i].push(Sample {
                 at_ns: now_ns,
                 bound,
@@ -385,8 +460,10 @@ impl Checker {
         let mut carry = 0u64;
         let mut after = Vec::new();
         for (at, before) in &self.losses {
-            if *at > t1 {
-                // Its old allocations live at t₁ are in bound(t₁) already.
+            if *at >= t1 {
+                // Its old allocations live at t₁ are in bound(t₁) already; a loss at t₁ itself
+                // was sampled from the old ledger just before (its fresh bucket and quota come
+                // after the sample).
                 after.push(*at);
             } else if *at < t1 && t1 < at + life {
                 // (A sample at the loss's instant was read from the old ledger: its bound

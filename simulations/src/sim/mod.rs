@@ -19,4 +19,5 @@ pub mod summary;
 pub mod workload;
 pub mod world;
 
-pub use run::{run, RunReport, SimConfig};
+pub use run::{run, Network, RunReport, SimConfig};
+pub use world::{Calls, LeaseTuning};

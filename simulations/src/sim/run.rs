@@ -11,17 +11,18 @@ use allot_agent::lease::LeaseBook;
 use allot_allocator::ledger::Ledger;
 use allot_allocator::raft::Node;
 use allot_common::clock::Clock as _;
-use allot_common::config::ConfigSet;
+use allot_common::config::{ConfigSet, Scope};
+use allot_common::units::Micros;
 use anyhow::{Context, Result};
 use parking_lot::Mutex;
 
 use super::check::{Checker, HeldView, Violation};
 use super::clock::set_driver_now;
 use super::faults::{schedule, Fault, FaultKind, Shape};
-use super::workload::{traffic, Workload, POLICY};
+use super::workload::{lease_life_ms, traffic, Workload, POLICY};
 use super::world::{
-    epoch, node_region, node_specs, run_agent, run_node, set_step, AgentSlot, AgentSpec,
-    AgentWorld, Control, NodeSlot, AGENT_REGIONS, REGIONS,
+    epoch, node_specs, run_agent, run_node, set_step, AgentSlot, AgentSpec, AgentWorld, Answers,
+    Calls, Control, LeaseTuning, NodeSlot, AGENT_REGIONS, REGIONS,
 };
 use crate::arrivals::{Record, RequestAnswer};
 use crate::ideal;
@@ -32,6 +33,23 @@ const NS_PER_MS: u64 = 1_000_000;
 const BASE_LATENCY: Duration = Duration::from_millis(3);
 /// After a fault that cuts agents off ends, how long before false rejections count again.
 const SETTLE_MS: u64 = 3_000;
+
+/// The simulated network.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Network {
+    /// Allocator nodes spread over the regions; every message takes 0–3 ms (turmoil's
+    /// exponential distribution): the fault sweep's network.
+    Jittered,
+    /// The allocator lives in one region (every node in `REGIONS[0]`); a message takes half the
+    /// round trip of its link, fixed: `in_region_rtt_us` between hosts of one region,
+    /// `across_rtt_us` between regions.
+    Regions {
+        /// Round trip between two hosts of one region, µs.
+        in_region_rtt_us: u64,
+        /// Round trip between hosts of different regions, µs.
+        across_rtt_us: u64,
+    },
+}
 
 /// How a run is shaped.
 #[derive(Debug, Clone)]
@@ -48,6 +66,21 @@ pub struct SimConfig {
     pub workload: Option<Workload>,
     /// Draw faults of these kinds only (empty: any).
     pub only: Vec<FaultKind>,
+    /// Play this fault schedule instead of one drawn from the seed (`faults` and `only` are
+    /// then ignored).
+    pub schedule: Option<Vec<Fault>>,
+    /// The policy document (YAML) the allocator installs: the contract the checks and the
+    /// ideal counter hold the run to.
+    pub policy: String,
+    /// What the agents enforce instead of `policy` (a strategy's own document).
+    pub agent_policy: Option<String>,
+    /// Every rule the agents enforce gets this scope (`Scope::Local`: each agent decides on
+    /// its own, no allocator).
+    pub agent_scope: Option<Scope>,
+    /// Agent lease settings other than production's defaults.
+    pub tuning: LeaseTuning,
+    /// The network.
+    pub network: Network,
 }
 
 impl Default for SimConfig {
@@ -59,6 +92,12 @@ impl Default for SimConfig {
             faults: true,
             workload: None,
             only: Vec::new(),
+            schedule: None,
+            policy: POLICY.to_string(),
+            agent_policy: None,
+            agent_scope: None,
+            tuning: LeaseTuning::default(),
+            network: Network::Jittered,
         }
     }
 }
@@ -95,6 +134,23 @@ pub struct RunReport {
     pub trace_hash: u64,
     /// The event trace: (ns, event).
     pub trace: Vec<(u64, String)>,
+    /// Every request's answer, in arrival order (an agent that was down answers `Error`).
+    pub records: Vec<Record>,
+    /// Whether the ideal central counter admits each of `records`.
+    pub ideal: Vec<bool>,
+    /// Allocator calls the agents sent, summed over agents and their incarnations.
+    pub calls: Calls,
+    /// Tokens the ledger counts as stranded (unreported when their allocation expired), summed
+    /// over keys, regions and cluster generations, µtokens.
+    pub stranded: Micros,
+    /// Per key, the largest bound the most advanced node reported, µtokens.
+    pub max_bound_by_key: Vec<Micros>,
+    /// The largest spend the agents had made and not yet reported to the most advanced
+    /// ledger, summed over agents at one instant, µtokens.
+    pub max_unreported: Micros,
+    /// Raft log entries at the end of the run (the highest last log index of a live node; a
+    /// state loss starts the log again).
+    pub log_entries: u64,
 }
 
 impl RunReport {
@@ -152,6 +208,8 @@ struct Deployment {
     agent_names: Vec<String>,
     agent_slots: Vec<Arc<Mutex<AgentSlot>>>,
     agent_clocks: Vec<super::clock::AgentClock>,
+    /// Calls of agent incarnations that crashed.
+    crashed_calls: Mutex<Calls>,
 }
 
 impl Deployment {
@@ -171,11 +229,36 @@ impl Deployment {
             .map(|(_, n)| n)
     }
 
+    /// Forgets agent `i`'s incarnation (it crashed), keeping the count of its calls.
+    fn forget_agent(&self, i: usize) {
+        let old = std::mem::take(&mut *self.agent_slots[i].lock());
+        self.crashed_calls.lock().add(&old.calls());
+    }
+
+    /// Calls of every agent incarnation so far.
+    fn calls(&self) -> Calls {
+        let mut total = *self.crashed_calls.lock();
+        for s in &self.agent_slots {
+            total.add(&s.lock().calls());
+        }
+        total
+    }
+
+    /// Every host's name and region.
+    fn hosts(&self) -> Vec<(String, &'static str)> {
+        let nodes = self.node_names.iter().zip(&self.node_specs);
+        let agents = self.agent_names.iter().zip(AGENT_REGIONS);
+        nodes
+            .map(|(n, s)| (n.clone(), s.region))
+            .chain(agents.map(|(a, r)| (a.clone(), r)))
+            .collect()
+    }
+
     fn hosts_in(&self, region: &str) -> (Vec<String>, Vec<String>) {
         let mut inside = Vec::new();
         let mut outside = Vec::new();
         for (i, n) in self.node_names.iter().enumerate() {
-            if node_region(i) == region {
+            if self.node_specs[i].region == region {
                 &mut inside
             } else {
                 &mut outside
@@ -194,32 +277,69 @@ impl Deployment {
     }
 }
 
-fn run_in(seed: u64, config: &SimConfig, dir: &std::path::Path) -> Result<RunReport> {
+/// What a run is made of before it starts: the traffic, the faults and the policies.
+struct Plan {
+    workload: Workload,
+    traffic: super::workload::Traffic,
+    faults: Vec<Fault>,
+    /// The contract (the allocator's document).
+    policies: ConfigSet,
+    /// What the agents enforce.
+    agent_policies: ConfigSet,
+}
+
+fn plan(seed: u64, config: &SimConfig) -> Result<Plan> {
     let workload = config
         .workload
         .unwrap_or(Workload::ALL[(seed % Workload::ALL.len() as u64) as usize]);
     let from = Duration::from_millis(config.traffic_from_ms);
     let until = Duration::from_millis(config.duration_ms.saturating_sub(500));
-    let t = traffic(workload, &AGENT_REGIONS, from, until, seed);
+    let mut t = traffic(workload, &AGENT_REGIONS, from, until, seed);
     let shape = Shape {
         nodes: config.nodes,
         agents: AGENT_REGIONS.len(),
         regions: REGIONS.len(),
     };
-    let faults = if config.faults {
-        schedule(
+    let faults = match &config.schedule {
+        Some(s) => s.clone(),
+        None if config.faults => schedule(
             seed,
             shape,
             config.traffic_from_ms,
             config.duration_ms,
             &config.only,
-        )
-    } else {
-        Vec::new()
+        ),
+        None => Vec::new(),
     };
-    let policies = ConfigSet::from_yaml(POLICY, std::path::Path::new("sim.yaml"))?;
+    let file = std::path::Path::new("sim.yaml");
+    let policies = ConfigSet::from_yaml(&config.policy, file)?;
+    let agent_yaml = config.agent_policy.as_deref().unwrap_or(&config.policy);
+    let mut agent_policies = ConfigSet::from_yaml(agent_yaml, file)?;
+    if let Some(scope) = config.agent_scope {
+        agent_policies = agent_policies.with_scope(scope);
+    }
+    for (c, k) in t.contracts.iter_mut().zip(&t.keys) {
+        if let Some(ms) = lease_life_ms(&policies, k) {
+            c.lease_life_ms = ms;
+        }
+    }
+    Ok(Plan {
+        workload,
+        traffic: t,
+        faults,
+        policies,
+        agent_policies,
+    })
+}
 
-    let mut sim = turmoil::Builder::new()
+/// The turmoil simulation of a run: its seed, steps and network.
+///
+/// Steps are 1 ms: a host's step is a tokio sleep of one step on its paused clock, and tokio's
+/// timer rounds sleeps up to whole milliseconds, so a finer step would run the hosts' clocks
+/// faster than the network's. A message whose latency is below 1 ms is delivered at the next
+/// step.
+fn simulation(seed: u64, config: &SimConfig) -> turmoil::Sim<'static> {
+    turmoil::Builder::new()
         .rng_seed(seed)
         .simulation_duration(Duration::from_millis(config.duration_ms + 60_000))
         .tick_duration(Duration::from_millis(1))
@@ -228,9 +348,24 @@ fn run_in(seed: u64, config: &SimConfig, dir: &std::path::Path) -> Result<RunRep
         .max_message_latency(BASE_LATENCY)
         .repair_rate(0.05)
         .tcp_capacity(4_096)
-        .build();
+        .build()
+}
 
-    let specs = node_specs(config.nodes, dir);
+/// Adds the allocator nodes and the agents to `sim`; returns the driver's handles and the
+/// answers' slots.
+fn deploy(
+    sim: &mut turmoil::Sim<'_>,
+    seed: u64,
+    config: &SimConfig,
+    p: &Plan,
+    dir: &std::path::Path,
+) -> (Deployment, Answers) {
+    let home = match config.network {
+        Network::Jittered => None,
+        Network::Regions { .. } => Some(REGIONS[0]),
+    };
+    let policy: Arc<str> = config.policy.as_str().into();
+    let specs = node_specs(config.nodes, dir, &policy, home);
     let members: BTreeMap<u64, String> = specs
         .iter()
         .map(|s| (s.id, format!("{}:7700", s.name)))
@@ -243,23 +378,15 @@ fn run_in(seed: u64, config: &SimConfig, dir: &std::path::Path) -> Result<RunRep
             run_node(spec.clone(), members.clone(), slot.clone())
         });
     }
-
-    let answers = Arc::new(Mutex::new(vec![None; t.arrivals.len()]));
+    let t = &p.traffic;
+    let answers: Answers = Arc::new(Mutex::new(vec![None; t.arrivals.len()]));
     let keys = Arc::new(t.keys.clone());
     let arrivals = Arc::new(t.arrivals.clone());
     let mut agent_slots = Vec::new();
     let mut agent_clocks = Vec::new();
     let mut agent_names = Vec::new();
     for (i, region) in AGENT_REGIONS.iter().enumerate() {
-        let ppm = faults
-            .iter()
-            .filter(|f| {
-                matches!(f.kind, FaultKind::AgentDrift | FaultKind::AgentDriftBeyond)
-                    && f.target == i
-            })
-            .map(|f| f.amount)
-            .next_back()
-            .unwrap_or(0);
+        let ppm = agent_drift(&p.faults, i);
         let name = format!("g{}", i + 1);
         let slot: Arc<Mutex<AgentSlot>> = Arc::default();
         let w = AgentWorld {
@@ -270,12 +397,13 @@ fn run_in(seed: u64, config: &SimConfig, dir: &std::path::Path) -> Result<RunRep
             },
             index: i,
             endpoints: endpoints.clone(),
-            policies: policies.clone(),
+            policies: p.agent_policies.clone(),
             keys: keys.clone(),
             arrivals: arrivals.clone(),
             answers: answers.clone(),
             slot: slot.clone(),
             seed,
+            tuning: config.tuning,
         };
         sim.host(name.clone(), move || run_agent(w.clone()));
         agent_slots.push(slot);
@@ -292,29 +420,110 @@ fn run_in(seed: u64, config: &SimConfig, dir: &std::path::Path) -> Result<RunRep
         agent_names,
         agent_slots,
         agent_clocks,
+        crashed_calls: Mutex::default(),
     };
+    if let Network::Regions {
+        in_region_rtt_us,
+        across_rtt_us,
+    } = config.network
+    {
+        set_link_latencies(sim, &d, in_region_rtt_us, across_rtt_us);
+    }
+    (d, answers)
+}
 
-    let mut checker = Checker::new(t.keys.len());
+/// The drift of agent `i`'s oscillator for the whole run, ppm: the last drift fault's on it.
+fn agent_drift(faults: &[Fault], i: usize) -> i64 {
+    faults
+        .iter()
+        .filter(|f| {
+            matches!(f.kind, FaultKind::AgentDrift | FaultKind::AgentDriftBeyond) && f.target == i
+        })
+        .map(|f| f.amount)
+        .next_back()
+        .unwrap_or(0)
+}
+
+/// Every link's one-way latency: half its region pair's round trip (below 1 ms: one step).
+fn set_link_latencies(sim: &mut turmoil::Sim<'_>, d: &Deployment, in_rtt_us: u64, across_us: u64) {
+    let hosts = d.hosts();
+    for (i, (a, ra)) in hosts.iter().enumerate() {
+        for (b, rb) in &hosts[i + 1..] {
+            let rtt = if ra == rb { in_rtt_us } else { across_us };
+            sim.set_link_latency(a.as_str(), b.as_str(), Duration::from_nanos(rtt * 500));
+        }
+    }
+}
+
+fn run_in(seed: u64, config: &SimConfig, dir: &std::path::Path) -> Result<RunReport> {
+    let p = plan(seed, config)?;
+    let mut sim = simulation(seed, config);
+    let (d, answers) = deploy(&mut sim, seed, config, &p, dir);
+    let mut checker = Checker::new(p.traffic.keys.len());
+    checker.lease_life_ns = p
+        .traffic
+        .contracts
+        .iter()
+        .map(|c| c.lease_life_ms * NS_PER_MS)
+        .max()
+        .unwrap_or(0);
     let mut trace: Vec<(u64, String)> = Vec::new();
+    drive(&mut sim, config, &p, &d, &mut checker, &mut trace)?;
+    let end = config.duration_ms * NS_PER_MS;
+    set_driver_now(end);
+    for (i, n) in d.nodes() {
+        n.state()
+            .read(|l| checker.observe_ledger(end, &d.node_names[i], l));
+    }
+    if let Some(n) = d.most_advanced() {
+        n.state()
+            .read(|l| checker.read_stranded(&p.traffic.keys, l));
+    }
+    let calls = d.calls();
+    let log_entries = d
+        .nodes()
+        .iter()
+        .filter_map(|(_, n)| n.raft().metrics().borrow().last_log_index)
+        .max()
+        .unwrap_or(0);
+    drop(sim);
+    let records: Vec<Option<Record>> = answers.lock().clone();
+    let mut report = judge(seed, p, records, checker, trace)?;
+    report.calls = calls;
+    report.log_entries = log_entries;
+    Ok(report)
+}
+
+/// Steps the simulation through the run, millisecond by millisecond: faults on and off, the
+/// network's state, observations of agents and ledgers, then the steps of that millisecond.
+fn drive(
+    sim: &mut turmoil::Sim<'_>,
+    config: &SimConfig,
+    p: &Plan,
+    d: &Deployment,
+    checker: &mut Checker,
+    trace: &mut Vec<(u64, String)>,
+) -> Result<()> {
+    let keys = &p.traffic.keys;
     let mut net = NetState::default();
     let mut last_leader = None;
     for ms in 0..config.duration_ms {
         let now = ms * NS_PER_MS;
         set_driver_now(now);
-        for f in &faults {
+        for f in &p.faults {
             if f.at_ms == ms {
                 trace.push((now, format!("fault on: {f}")));
-                start_fault(&mut sim, &d, f, &mut checker, &t.keys, now)?;
+                start_fault(sim, d, f, checker, keys, now)?;
             }
             if f.until_ms == ms {
                 trace.push((now, format!("fault off: {f}")));
-                end_fault(&mut sim, &d, f);
+                end_fault(sim, d, f);
             }
         }
-        net.apply(&mut sim, &d, &faults, ms);
+        net.apply(sim, d, &p.faults, ms);
         if ms % 10 == 0 {
-            observe_agents(&d, &mut checker, now);
-            let leader = leader_of(&d);
+            observe_agents(d, checker, now);
+            let leader = leader_of(d);
             if leader != last_leader {
                 trace.push((now, format!("leader: {leader:?}")));
                 last_leader = leader;
@@ -328,7 +537,7 @@ fn run_in(seed: u64, config: &SimConfig, dir: &std::path::Path) -> Result<RunRep
         }
         if ms % 100 == 0 {
             if let Some(n) = d.most_advanced() {
-                n.state().read(|l| checker.sample_bounds(now, &t.keys, l));
+                n.state().read(|l| checker.sample_bounds(now, keys, l));
             }
         }
         if let Err(e) = sim.step() {
@@ -337,20 +546,10 @@ fn run_in(seed: u64, config: &SimConfig, dir: &std::path::Path) -> Result<RunRep
                 kind: "host-failed",
                 detail: e.to_string(),
             });
-            break;
+            return Ok(());
         }
     }
-    set_driver_now(config.duration_ms * NS_PER_MS);
-    for (i, n) in d.nodes() {
-        n.state()
-            .read(|l| checker.observe_ledger(config.duration_ms * NS_PER_MS, &d.node_names[i], l));
-    }
-    drop(sim);
-
-    let records: Vec<Option<Record>> = answers.lock().clone();
-    judge(
-        seed, workload, faults, &t, policies, records, checker, trace,
-    )
+    Ok(())
 }
 
 /// The network's wanted state from the faults on at a given ms: cut pairs, held pairs, latency
@@ -490,7 +689,7 @@ fn start_fault(
             set_step(&d.node_specs[f.target].step_ms, f.amount);
         }
         FaultKind::AgentCrash => {
-            *d.agent_slots[f.target].lock() = AgentSlot::default();
+            d.forget_agent(f.target);
             if sim.is_host_running(d.agent_names[f.target].as_str()) {
                 sim.crash(d.agent_names[f.target].as_str());
             }
@@ -523,7 +722,7 @@ fn end_fault(sim: &mut turmoil::Sim<'_>, d: &Deployment, f: &Fault) {
     match f.kind {
         FaultKind::NodeCrash => restart_node(sim, d, f.target),
         FaultKind::AgentCrash => {
-            *d.agent_slots[f.target].lock() = AgentSlot::default();
+            d.forget_agent(f.target);
             sim.bounce(d.agent_names[f.target].as_str());
         }
         FaultKind::ClockStep | FaultKind::ClockStepBeyond => {
@@ -574,17 +773,20 @@ fn held_by(book: &LeaseBook) -> Vec<HeldView> {
 
 /// Judges the run's answers: the admission bound per key, false rejections against the ideal
 /// central counter in allocator-reachable time, and the trace and its hash.
-#[allow(clippy::too_many_arguments)]
 fn judge(
     seed: u64,
-    workload: Workload,
-    faults: Vec<Fault>,
-    t: &super::workload::Traffic,
-    policies: ConfigSet,
+    p: Plan,
     records: Vec<Option<Record>>,
     mut checker: Checker,
     mut trace: Vec<(u64, String)>,
 ) -> Result<RunReport> {
+    let Plan {
+        workload,
+        traffic: t,
+        faults,
+        policies,
+        ..
+    } = p;
     // A request its agent never answered (it was down) is a gateway error.
     let records: Vec<Record> = records
         .into_iter()
@@ -642,6 +844,7 @@ fn judge(
     }
     trace.sort_by_key(|(t, _)| *t);
     let trace_hash = fnv1a(&trace);
+    let stranded = checker.stranded();
     Ok(RunReport {
         seed,
         workload,
@@ -660,6 +863,13 @@ fn judge(
         max_bound: checker.max_bound,
         trace_hash,
         trace,
+        records,
+        ideal,
+        calls: Calls::default(),
+        log_entries: 0,
+        max_unreported: checker.max_unreported,
+        stranded,
+        max_bound_by_key: checker.max_bound_by_key,
     })
 }
 

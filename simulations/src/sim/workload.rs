@@ -4,6 +4,7 @@
 
 use crate::arrivals::{Arrival, Key};
 use crate::zipf::{SplitMix64, Zipf};
+use allot_common::config::ConfigSet;
 use allot_common::units::{Micros, MICROS_PER_TOKEN};
 use std::time::Duration;
 
@@ -74,6 +75,15 @@ pub const TENANT: Contract = Contract {
     quota: None,
     lease_life_ms: 2_250,
 };
+
+/// How long an allocation of `key`'s rule can be spent after its grant under `policies`: its
+/// lease ttl plus the allowed drift, ms (`None`: the key matches no rule).
+pub fn lease_life_ms(policies: &ConfigSet, key: &Key) -> Option<u64> {
+    let d = policies.domain(&key.domain)?;
+    let rule = d.match_rule(key.entries.iter().map(|(k, v)| (k.as_str(), v.as_str())))?;
+    let lease = &d.rules[rule].lease;
+    Some(lease.ttl_ms.saturating_add(lease.max_drift_ms))
+}
 
 /// The traffic of one run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -238,12 +248,13 @@ pub fn traffic(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use allot_common::config::ConfigSet;
     use std::path::Path;
 
     #[test]
     fn the_policy_is_valid_and_traffic_is_reproducible() {
-        ConfigSet::from_yaml(POLICY, Path::new("sim.yaml")).expect("valid policy");
+        let set = ConfigSet::from_yaml(POLICY, Path::new("sim.yaml")).expect("valid policy");
+        assert_eq!(lease_life_ms(&set, &acme_key()), Some(2_250));
+        assert_eq!(lease_life_ms(&set, &tenant_key(7)), Some(2_250));
         let regions = ["eu-west", "us-east"];
         for w in Workload::ALL {
             let a = traffic(

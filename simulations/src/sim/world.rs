@@ -24,7 +24,7 @@ use tokio::sync::{mpsc, watch};
 
 use super::clock::{true_ns, AgentClock, SimNodeClock};
 use super::net;
-use super::workload::{DOMAIN, POLICY};
+use super::workload::DOMAIN;
 use crate::arrivals::{Arrival, Key, Record, RequestAnswer};
 
 /// Unix time of the simulation's start: 2025-12-01 12:00 UTC (noon, so a daily quota's period
@@ -32,7 +32,7 @@ use crate::arrivals::{Arrival, Key, Record, RequestAnswer};
 pub const EPOCH_MS: u64 = 1_764_590_400_000;
 /// The port every allocator serves Raft and the allocator API on.
 const PORT: u16 = 7700;
-/// Regions of the allocator nodes, by index.
+/// Regions of the allocator nodes, by index, when they are spread over the regions.
 const NODE_REGIONS: [&str; 5] = ["eu-west", "us-east", "eu-west", "us-east", "eu-west"];
 /// Regions of the agents, by index.
 pub const AGENT_REGIONS: [&str; 4] = ["eu-west", "eu-west", "us-east", "us-east"];
@@ -62,6 +62,55 @@ pub struct AgentSlot {
     pub book: Option<Arc<LeaseBook>>,
 }
 
+impl AgentSlot {
+    /// The allocator calls its lease book counted (none without a book).
+    pub fn calls(&self) -> Calls {
+        let Some(b) = &self.book else {
+            return Calls::default();
+        };
+        let c = &b.counters;
+        let n = |x: &std::sync::atomic::AtomicU64| x.load(Ordering::Relaxed);
+        Calls {
+            calls: n(&c.calls),
+            acquires: n(&c.acquires),
+            reports: n(&c.reports),
+            releases: n(&c.releases),
+            decides: n(&c.decides),
+        }
+    }
+}
+
+/// Allocator calls agents sent (the lease book's counters): the coordination a strategy costs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Calls {
+    /// RPCs sent (a Batch of several items, or one single call).
+    pub calls: u64,
+    /// Acquire items.
+    pub acquires: u64,
+    /// Report items.
+    pub reports: u64,
+    /// Release items.
+    pub releases: u64,
+    /// Decide items (central decisions).
+    pub decides: u64,
+}
+
+impl Calls {
+    /// Adds `other`'s counts.
+    pub fn add(&mut self, other: &Calls) {
+        self.calls += other.calls;
+        self.acquires += other.acquires;
+        self.reports += other.reports;
+        self.releases += other.releases;
+        self.decides += other.decides;
+    }
+
+    /// Items sent: acquires, reports, releases and decides.
+    pub fn items(&self) -> u64 {
+        self.acquires + self.reports + self.releases + self.decides
+    }
+}
+
 /// One allocator node's fixed parts.
 #[derive(Clone)]
 pub struct NodeSpec {
@@ -75,6 +124,10 @@ pub struct NodeSpec {
     pub step_ms: Arc<AtomicI64>,
     /// Its oscillator's drift, ppm.
     pub ppm: i64,
+    /// Its region.
+    pub region: &'static str,
+    /// The policy document it installs (YAML).
+    pub policy: Arc<str>,
 }
 
 /// One agent's fixed parts.
@@ -142,7 +195,7 @@ pub async fn run_node(
         policies: vec![PolicyFile {
             path: PathBuf::from("sim.yaml"),
             domain: DOMAIN.into(),
-            yaml: POLICY.into(),
+            yaml: spec.policy.to_string(),
         }],
     };
     let clock = SimNodeClock::new(EPOCH_MS, spec.ppm, spec.step_ms.clone());
@@ -203,6 +256,35 @@ pub struct AgentWorld {
     pub slot: Arc<Mutex<AgentSlot>>,
     /// Backoff seed.
     pub seed: u64,
+    /// Lease settings that differ from production's defaults.
+    pub tuning: LeaseTuning,
+}
+
+/// Agent lease settings a run sets instead of production's defaults (`None`: the default).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LeaseTuning {
+    /// `report_interval_ms`: period of spend reports and lease maintenance, ms.
+    pub report_interval_ms: Option<u64>,
+    /// `promote_tokens`: tokens within one lease period that promote a key to leases
+    /// (`u64::MAX`: never, every decision is central).
+    pub promote_tokens: Option<u64>,
+    /// `demote_tokens`: tokens within a lease period below which a leased key is demoted.
+    pub demote_tokens: Option<u64>,
+}
+
+impl LeaseTuning {
+    /// `settings` with these values set.
+    pub fn apply(&self, settings: &mut LeaseSettings) {
+        if let Some(ms) = self.report_interval_ms {
+            settings.report_interval_ms = ms;
+        }
+        if let Some(p) = self.promote_tokens {
+            settings.promote_tokens = p;
+        }
+        if let Some(d) = self.demote_tokens {
+            settings.demote_tokens = d;
+        }
+    }
 }
 
 /// The software of an agent: the production lease path on simulated TCP and a drifting clock,
@@ -211,6 +293,7 @@ pub struct AgentWorld {
 pub async fn run_agent(w: AgentWorld) -> turmoil::Result {
     let mut settings = LeaseSettings::new(w.spec.name.clone(), w.spec.region);
     settings.backoff_seed = w.seed ^ (w.index as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    w.tuning.apply(&mut settings);
     let timeout = Duration::from_millis(settings.call_timeout_ms);
     let clock = Arc::new(AgentClock::new(EPOCH_MS * 1_000_000, w.spec.ppm));
     let (tx, rx) = mpsc::unbounded_channel();
@@ -237,8 +320,11 @@ pub async fn run_agent(w: AgentWorld) -> turmoil::Result {
         let (enforcer, keys, answers, a) =
             (enforcer.clone(), w.keys.clone(), w.answers.clone(), *a);
         tokio::spawn(async move {
+            // From when the gateway's request reaches the enforcer: the arrival waited for the
+            // next 1 ms step before (simulation resolution, not decision latency).
+            let issued = true_ns();
             let answer = decide(&enforcer, &keys[a.key], a.cost).await;
-            let latency_us = (true_ns().saturating_sub(at)) / 1_000;
+            let latency_us = (true_ns().saturating_sub(issued)) / 1_000;
             answers.lock()[i] = Some(Record {
                 sent_ns: at,
                 agent: a.agent,
@@ -277,8 +363,14 @@ async fn decide(enforcer: &Enforcer, key: &Key, cost: u32) -> RequestAnswer {
     }
 }
 
-/// The node specs of a cluster of `n` nodes with data under `root`.
-pub fn node_specs(n: usize, root: &Path) -> Vec<NodeSpec> {
+/// The node specs of a cluster of `n` nodes with data under `root`, installing `policy`, all
+/// in region `home` or (`None`) spread over the regions.
+pub fn node_specs(
+    n: usize,
+    root: &Path,
+    policy: &Arc<str>,
+    home: Option<&'static str>,
+) -> Vec<NodeSpec> {
     (1..=n as u64)
         .map(|id| NodeSpec {
             id,
@@ -286,13 +378,10 @@ pub fn node_specs(n: usize, root: &Path) -> Vec<NodeSpec> {
             dir: root.join(format!("a{id}")),
             step_ms: Arc::new(AtomicI64::new(0)),
             ppm: 0,
+            region: home.unwrap_or(NODE_REGIONS[(id as usize - 1) % NODE_REGIONS.len()]),
+            policy: policy.clone(),
         })
         .collect()
-}
-
-/// The region of allocator node index `i`.
-pub fn node_region(i: usize) -> &'static str {
-    NODE_REGIONS[i % NODE_REGIONS.len()]
 }
 
 /// The Unix epoch of the simulation, for turmoil's own clock.
