@@ -9,7 +9,8 @@
 //!   [`ideal`] central counter, with [`arrivals`] the recorded traffic and [`zipf`] key
 //!   popularity;
 //! * [`sim`]: the deterministic simulation of the whole system under seeded faults
-//!   (`allot-sim`).
+//!   (`allot-sim`);
+//! * [`strategy`]: the strategy table and the lease sweep built on it (`allot-sim strategies`).
 
 #![warn(missing_docs)]
 
@@ -21,5 +22,6 @@ pub mod noop;
 pub mod rls;
 pub mod scenario;
 pub mod sim;
+pub mod strategy;
 mod table;
 pub mod zipf;
