@@ -26,6 +26,15 @@ impl RetryAfter {
         }
     }
 
+    /// The earlier of two waits; `Never` only when both are.
+    pub fn min(self, other: RetryAfter) -> RetryAfter {
+        match (self, other) {
+            (RetryAfter::Never, x) | (x, RetryAfter::Never) => x,
+            (RetryAfter::Now, _) | (_, RetryAfter::Now) => RetryAfter::Now,
+            (RetryAfter::After(a), RetryAfter::After(b)) => RetryAfter::After(a.min(b)),
+        }
+    }
+
     /// The wait in nanoseconds, `None` for never, `Some(0)` for now.
     pub fn as_nanos(self) -> Option<Nanos> {
         match self {

@@ -187,7 +187,7 @@ impl LeaseManager {
         let mut keys: Vec<_> = tables.iter().flat_map(|t| t.snapshot()).collect();
         keys.sort_by(|a, b| (&a.value.domain, a.key()).cmp(&(&b.value.domain, b.key())));
         for kl in keys {
-            measure(&kl.value, elapsed);
+            measure(&kl.value, elapsed, ms(kl.value.sizing.ttl_ms().max(1)));
             self.settle_key(&kl, now);
         }
         for table in tables {
@@ -394,14 +394,31 @@ impl LeaseManager {
     }
 }
 
-/// Measures the key's demand over the last pass (`elapsed` ns), µtokens per second.
-fn measure(v: &KeyLease, elapsed: Nanos) {
-    let admitted = v.admitted.load(Ordering::Relaxed);
-    let before = v.prev_admitted.swap(admitted, Ordering::Relaxed);
+/// Measures the key's demand over the last pass (`elapsed` ns), µtokens per second: the load
+/// offered here (admitted and finally denied), smoothed by [`smoothed`] over a lease
+/// (`lease_ns`).
+fn measure(v: &KeyLease, elapsed: Nanos, lease_ns: Nanos) {
+    let offered = v.offered();
+    let before = v.prev_offered.swap(offered, Ordering::Relaxed);
     if elapsed > 0 {
-        let per_s = per_second(admitted.saturating_sub(before), elapsed);
-        v.demand_per_s.store(per_s, Ordering::Relaxed);
+        let sample = per_second(offered.saturating_sub(before), elapsed);
+        let old = v.demand_per_s.load(Ordering::Relaxed);
+        v.demand_per_s
+            .store(smoothed(old, sample, elapsed, lease_ns), Ordering::Relaxed);
     }
+}
+
+/// The next demand estimate from the last one (`old`) and a pass's measurement (`sample`),
+/// both µtokens per second, over a pass of `elapsed` ns and a lease of `lease_ns`: a rise is
+/// taken at once (a key asks for what it is offered before its requests are denied), a fall
+/// moves `elapsed / lease` of the way (a pass of a sparse key that saw no request does not halve
+/// its next grant; the grant follows a real drop within a lease).
+fn smoothed(old: u64, sample: u64, elapsed: Nanos, lease_ns: Nanos) -> u64 {
+    if sample >= old || elapsed >= lease_ns {
+        return sample;
+    }
+    let drop = u128::from(old - sample) * u128::from(elapsed) / u128::from(lease_ns.max(1));
+    old - u64::try_from(drop).unwrap_or(old - sample)
 }
 
 /// Whether key `v` decided nothing for `idle_return_ms` (0: never idle), so its allocations go
@@ -466,9 +483,10 @@ fn unreachable(book: &LeaseBook, v: &KeyLease, now: Nanos) {
 
 /// What to ask for: (tokens now, rate), microtokens and microtokens per second. A key with no
 /// measured demand asks the policy's max grant now and no rate. A key with demand d asks d over
-/// one lease plus 25% headroom now; with `rate_leases`, the rate d plus 25% instead, and now
-/// only d over one report interval plus 25% (design §9: the rate accrues while the lease lasts,
-/// so a steady key renews once per report interval whatever its rate). At least what the
+/// one lease plus 25% headroom now; with `rate_leases`, when the allocator's last answer was
+/// short or a report interval's demand is above half the max grant, the rate d plus 25%
+/// instead, and now only d over one report interval plus 25% (design §9: the rate accrues while
+/// the lease lasts, so a steady key renews once per report interval whatever its rate). At least what the
 /// decisions waiting for this call cost together (`waiting`), at least one token and at most
 /// the policy's max grant.
 fn want(v: &KeyLease, s: &LeaseSettings, waiting: Micros) -> (Micros, u64) {
@@ -476,7 +494,12 @@ fn want(v: &KeyLease, s: &LeaseSettings, waiting: Micros) -> (Micros, u64) {
     let max_grant = v.sizing.max_grant();
     let headroom = |x: u128| u64::try_from(x * 5 / 4).unwrap_or(u64::MAX);
     let over = |ms: u64| headroom(u128::from(demand) * u128::from(ms) / 1000);
-    let (now, rate) = match (demand, s.rate_leases) {
+    // A rate pays where lumps would be small or many: under scarcity (the last answer was short
+    // of the ask, so lumps come one bucketful at a time) or when a report interval's demand is a
+    // large part of the max grant (a lump per lease would not cover it).
+    let rated = s.rate_leases
+        && (v.protocol.last_grant_short() || over(s.report_interval_ms) > max_grant / 2);
+    let (now, rate) = match (demand, rated) {
         (0, _) => (max_grant, 0),
         (_, false) => (over(v.sizing.ttl_ms()), 0),
         (_, true) => (over(s.report_interval_ms), headroom(u128::from(demand))),
@@ -529,7 +552,7 @@ fn applied_acquire(
             } else {
                 0
             };
-            v.protocol.install_denying(Arc::new(a), denied_until);
+            v.protocol.install_answer(Arc::new(a), denied_until, short);
         }
         Answer::Done(Outcome::Acquire(pb::AcquireResponse {
             outcome: Some(pb::acquire_response::Outcome::Denial(d)),
@@ -605,5 +628,28 @@ fn applied_decide(book: &LeaseBook, v: &KeyLease, cost: Micros, answer: Answer, 
             v.protocol
                 .record_denial(now.saturating_add(ms(s.error_backoff_ms)));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::smoothed;
+
+    const LEASE: u64 = 5_000_000_000;
+    const PASS: u64 = 1_000_000_000;
+
+    #[test]
+    fn demand_rises_at_once_and_falls_over_a_lease() {
+        assert_eq!(smoothed(10, 50, PASS, LEASE), 50, "a rise is taken at once");
+        // A fall of 50 moves a fifth of the way per one-second pass of a five-second lease.
+        assert_eq!(smoothed(60, 10, PASS, LEASE), 50);
+        assert_eq!(smoothed(50, 0, PASS, LEASE), 40);
+        // A pass as long as the lease (or longer) takes the sample as it is.
+        assert_eq!(smoothed(60, 10, LEASE, LEASE), 10);
+        assert_eq!(smoothed(60, 10, u64::MAX, LEASE), 10);
+        // Extremes: no overflow, never below the sample, never above the old value.
+        assert_eq!(smoothed(u64::MAX, 0, PASS, LEASE), u64::MAX - u64::MAX / 5);
+        assert_eq!(smoothed(u64::MAX, 0, u64::MAX - 1, u64::MAX), 1);
+        assert_eq!(smoothed(7, 3, PASS, 0), 3, "a zero lease takes the sample");
     }
 }

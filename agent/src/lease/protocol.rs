@@ -72,6 +72,10 @@ pub struct KeyProtocol {
     credit: AtomicU64,
     /// The credit is void from this time, ns: a central admission is used at once or never.
     credit_until: AtomicU64,
+    /// The allocator's last answer to an Acquire was short of what was asked (a smaller grant
+    /// or a denial): what the key holds and accrues is all it gets for now, so a decision it
+    /// does not cover is denied until the rate accrues instead of asking again.
+    short: AtomicBool,
 }
 
 impl KeyProtocol {
@@ -241,6 +245,13 @@ impl KeyProtocol {
     /// `denied_until` (ns; 0: none), set before the call ends: the decisions that waited for
     /// this call and are not covered by the grant are denied at once instead of asking again.
     pub fn install_denying(&self, a: Arc<HeldAllocation>, denied_until: Nanos) {
+        self.install_answer(a, denied_until, denied_until > 0);
+    }
+
+    /// [`install_denying`](Self::install_denying), saying whether the grant was `short` of
+    /// what was asked (see [`last_grant_short`](Self::last_grant_short)).
+    pub fn install_answer(&self, a: Arc<HeldAllocation>, denied_until: Nanos, short: bool) {
+        self.short.store(short, Ordering::Release);
         let w = self.write.lock();
         let mut next: Vec<Arc<HeldAllocation>> = self.allocations().iter().cloned().collect();
         // Only the newest grant keeps its emergency reserve back (issue 10 item 4).
@@ -253,6 +264,12 @@ impl KeyProtocol {
         self.end_call();
     }
 
+    /// Whether the allocator's last answer to this key was short of what was asked (a smaller
+    /// grant or a denial; false before any answer and after a full grant).
+    pub fn last_grant_short(&self) -> bool {
+        self.short.load(Ordering::Acquire)
+    }
+
     /// The allocator answered (anything but a grant counts as answered too); the key's
     /// failure backoff ends.
     pub fn record_reachable(&self) {
@@ -261,6 +278,7 @@ impl KeyProtocol {
 
     /// Records the allocator's denial: no call and an immediate denial until `until` (ns).
     pub fn record_denial(&self, until: Nanos) {
+        self.short.store(true, Ordering::Release);
         self.denied_until.store(until, Ordering::Release);
         self.unreachable_until.store(0, Ordering::Release);
         self.end_call();
@@ -399,5 +417,19 @@ mod tests {
         assert_eq!(p.standing(u64::MAX - 1, WAIT), Standing::Denied(u64::MAX));
         p.install(Arc::new(HeldAllocation::new(3, 1, 3, 50, 0, 1)));
         assert_eq!(p.denied_until(), 0);
+    }
+
+    #[test]
+    fn the_last_answer_says_whether_the_key_is_short() {
+        let p = KeyProtocol::default();
+        assert!(!p.last_grant_short(), "nothing asked yet");
+        p.install_answer(Arc::new(HeldAllocation::new(1, 1, 3, 50, 0, 1)), 10, true);
+        assert!(p.last_grant_short());
+        p.install(Arc::new(HeldAllocation::new(2, 1, 3, 50, 0, 1)));
+        assert!(!p.last_grant_short(), "a full grant clears it");
+        p.record_denial(20);
+        assert!(p.last_grant_short(), "a denial is short of anything");
+        p.install_denying(Arc::new(HeldAllocation::new(3, 1, 3, 50, 0, 1)), 0);
+        assert!(!p.last_grant_short());
     }
 }

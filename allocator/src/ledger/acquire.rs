@@ -4,8 +4,11 @@
 
 use super::division::Demand;
 use super::fair_share::fair_part;
-use super::rates::{key_rate_ppm, promise, RateAsk};
-use super::sources::{available, check_id, debit, wait_for, Available, OverCapacity, Prepared};
+use super::rates::{promise, rated_retry_ms, RateAsk};
+use super::sources::{
+    available, charge_calendar, check_id, debit, wait_for, Available, Draw, OverCapacity,
+    Prepared,
+};
 use super::{
     Acquire, Allocation, AllocationState, ChargedTo, Denial, Grant, Ledger, LedgerError, Response,
 };
@@ -122,8 +125,13 @@ impl Ledger {
         now: u64,
     ) -> Result<BaseSize, LedgerError> {
         let (rule, kid) = (&t.rule, &t.kid);
+        let (part, lend) = self.draw_for(t, now);
         let ks = self.key_mut(kid)?;
-        let avail = available(ks, &a.region, rule, now);
+        let draw = Draw {
+            part,
+            lend: lend.as_ref(),
+        };
+        let avail = available(ks, &a.region, rule, now, draw);
         // The live totals must stay representable: grants are capped by what they can still
         // count (reachable only at extreme policies, e.g. 10¹² tokens/s with 60 s leases).
         let totals_room = u64::MAX - ks.regions.get(&a.region).map_or(0, |r| r.granted_live);
@@ -160,7 +168,11 @@ impl Ledger {
             want_per_s: a.want_rate_per_s,
             part: t.ppm,
             duration_ms,
-            room: base.totals_room.saturating_sub(base.grant),
+            // The promise is charged to the calendar quota at grant: it must fit what is left.
+            room: base
+                .totals_room
+                .min(base.avail.calendar)
+                .saturating_sub(base.grant),
         };
         let ppm = self.rate_part(&t.kid, &a.region, &t.rule, &t.params, &ask);
         let per_s = t.params.refill_rate().part_per_s(ppm);
@@ -196,6 +208,9 @@ impl Ledger {
         let ks = self.key_mut(kid)?;
         // Debit every source now; unspent tokens come back only at release.
         debit(ks, &a.region, rule, &base.avail, now, grant);
+        // The rate's promise comes from the refill as it accrues, but the calendar quota counts
+        // it all now: the holder may spend every promised token before it reports.
+        charge_calendar(ks, rule, base.avail.period_start, rate.promised);
         let region = ks.regions.entry(a.region.clone()).or_default();
         let charged = ChargedTo {
             global: ks.global.params.kind(),
@@ -271,7 +286,7 @@ impl Ledger {
             .min(rule.lease.max_grant)
             .clamp(1, MICROS_PER_TOKEN.max(1));
         let need = need.min(params.capacity());
-        let wait = wait_for(ks, &a.region, now, need, OverCapacity::Clamp);
+        let wait = wait_for(ks, &a.region, now, need, OverCapacity::Clamp, t.borrows, avail);
         let (reason, wait_ms) = if avail.calendar < need {
             (
                 format!(
@@ -289,11 +304,7 @@ impl Ledger {
             // While live rates take the refill the bucket fills slowly, but a rate frees up
             // within a lease (superseded, released or expired): ask again after a quarter
             // lease at the latest (design §9).
-            let ms = if key_rate_ppm(ks) > 0 {
-                ms.min((ttl / 4).max(1))
-            } else {
-                ms
-            };
+            let ms = rated_retry_ms(ks, ttl, ms);
             let what = if avail.region_is_tighter() {
                 "region share"
             } else {

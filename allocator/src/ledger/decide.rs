@@ -9,7 +9,8 @@
 //! and is charged once.
 
 use super::division::Demand;
-use super::sources::{available, check_id, debit, wait_for, OverCapacity, Prepared};
+use super::rates::rated_retry_ms;
+use super::sources::{available, check_id, debit, wait_for, Draw, OverCapacity, Prepared};
 use super::{Decide, Decided, Ledger, LedgerError, Response};
 use allot_common::decision::RetryAfter;
 use allot_common::units::{nanos_to_millis_ceil, MAX_TOKENS, MICROS_PER_TOKEN};
@@ -77,15 +78,19 @@ impl Ledger {
             self.note_denied(&t.kid, &d.region, &d.holder, now);
             return Ok(denied(retry_after_ms, false, reason, 0));
         }
+        let (part, lend) = self.draw_for(t, now);
+        let draw = Draw {
+            part,
+            lend: lend.as_ref(),
+        };
         let ks = self.key_mut(&t.kid)?;
-        let avail = available(ks, &d.region, rule, now);
+        let avail = available(ks, &d.region, rule, now, draw);
         let pool = avail.pool();
         if d.cost <= pool {
             debit(ks, &d.region, rule, &avail, now, d.cost);
-            debug_assert_eq!(
-                available(ks, &d.region, rule, now).pool(),
-                pool - d.cost,
-                "a decision debits every source by its cost"
+            debug_assert!(
+                available(ks, &d.region, rule, now, draw).global == avail.global - d.cost,
+                "a decision debits the global bucket by its cost"
             );
             return Ok(Decided {
                 allowed: true,
@@ -101,7 +106,8 @@ impl Ledger {
             let reason = format!("cost is above the calendar quota of {}", rule.name);
             return Ok(denied(0, true, reason, pool));
         }
-        let wait_ms = match wait_for(ks, &d.region, now, d.cost, OverCapacity::Never) {
+        let wait = wait_for(ks, &d.region, now, d.cost, OverCapacity::Never, t.borrows, &avail);
+        let wait_ms = match wait {
             RetryAfter::Never => {
                 let what = if d.cost > t.params.capacity() {
                     "the capacity"
@@ -114,6 +120,8 @@ impl Ledger {
             RetryAfter::Now => 1,
             RetryAfter::After(ns) => nanos_to_millis_ceil(ns).max(1),
         };
+        // Live rates take the refill; one frees up within a lease (design §9).
+        let wait_ms = rated_retry_ms(ks, rule.lease.ttl_ms, wait_ms);
         if avail.calendar < d.cost {
             let reason = format!(
                 "calendar quota of {} is spent until {} (Unix ms)",

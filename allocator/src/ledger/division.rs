@@ -191,6 +191,27 @@ impl Ledger {
         (wants, me)
     }
 
+    /// The regions of `kid` that asked (an Acquire or a decision) within the idle window of
+    /// `rule` (see [`idle_after_ms`]): busy regions, which keep their own part's bucket when
+    /// another region borrows (design §5 "Borrowing"). Mapped to `Micros::MAX`, the most a
+    /// busy region keeps of its bucket: all of it, so a region with demand always has its
+    /// guarantee.
+    pub(super) fn region_keeps(
+        &self,
+        kid: &KeyId,
+        rule: &Rule,
+        now: u64,
+    ) -> BTreeMap<String, Micros> {
+        let idle = idle_after_ms(rule);
+        let from = (kid.clone(), String::new());
+        self.demands
+            .range(from..)
+            .take_while(|((k, _), _)| k == kid)
+            .filter(|(_, asks)| asks.values().any(|x| x.at_ms.saturating_add(idle) > now))
+            .map(|((_, region), _)| (region.clone(), Micros::MAX))
+            .collect()
+    }
+
     /// Re-divides `kid` among its rule's regions and moves the parts by handoff (module docs).
     /// Called whenever the key is touched: before a grant, when an allocation ends, when the
     /// shares change. A key without regional shares is left alone.

@@ -46,6 +46,7 @@ impl Ledger {
         self.check_key_totals(&sums)?;
         self.check_share_invariants()?;
         self.check_tables()?;
+        self.check_calendar()?;
         if self.requests.len() != self.request_times.len() {
             return broken(format!(
                 "{} remembered answers but {} in the time index",
@@ -101,6 +102,43 @@ impl Ledger {
             )));
         }
         Ok(sums)
+    }
+
+    /// Every live allocation charged to a key's current calendar period is counted in that
+    /// period's use in full, its rate's promise included (a holder may spend all of it before
+    /// it reports): Σ granted ≤ used.
+    fn check_calendar(&self) -> Result<(), InvariantError> {
+        let mut charged: BTreeMap<(&str, &[u8]), u128> = BTreeMap::new();
+        for (_, id) in &self.deadlines {
+            let Some(a) = self.allocations.get(id) else {
+                continue;
+            };
+            let Some(start) = a.charged.calendar_period_start else {
+                continue;
+            };
+            let current = self
+                .keys
+                .get(&(a.rule_id.clone(), a.key.clone()))
+                .and_then(|ks| ks.calendar)
+                .is_some_and(|(s, _)| s == start);
+            if current {
+                *charged.entry((&a.rule_id, &a.key)).or_default() += u128::from(a.granted);
+            }
+        }
+        for ((rule, key), sum) in charged {
+            let used = self
+                .keys
+                .get(&(rule.to_string(), key.to_vec()))
+                .and_then(|ks| ks.calendar)
+                .map_or(0, |(_, u)| u);
+            if sum > u128::from(used) {
+                return broken(format!(
+                    "{rule}: live allocations charged {sum} µtok to the calendar period, which \
+                     counts only {used}"
+                ));
+            }
+        }
+        Ok(())
     }
 
     fn check_key_totals(&self, sums: &LiveSums) -> Result<(), InvariantError> {

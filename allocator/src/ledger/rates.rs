@@ -8,7 +8,7 @@
 
 use super::division::Demand;
 use super::fair_share::fair_part;
-use super::sources::retune;
+use super::sources::{refund_calendar, retune};
 use super::{Allocation, KeyId, KeyState, Ledger};
 use allot_common::algorithm::{LimitParams, Rate};
 use allot_common::config::{Rule, PPM};
@@ -79,6 +79,17 @@ pub(super) fn key_rate_ppm(ks: &KeyState) -> u64 {
         .values()
         .map(|r| r.rate_ppm_live)
         .fold(0, u64::saturating_add)
+}
+
+/// A denial's retry time `ms` while live rates take `ks`'s refill: the bucket fills slowly
+/// then, but a rate frees up within a lease (superseded, released or expired), so ask again
+/// after a quarter lease (`ttl_ms`) at the latest (design §9). Without live rates, `ms`.
+pub(super) fn rated_retry_ms(ks: &KeyState, ttl_ms: u64, ms: u64) -> u64 {
+    if key_rate_ppm(ks) > 0 {
+        ms.min((ttl_ms / 4).max(1))
+    } else {
+        ms
+    }
 }
 
 /// What `rate_per_s` accrues over `ms` milliseconds, microtokens, rounded down (saturating):
@@ -186,6 +197,11 @@ impl Ledger {
             debug_assert!(granted <= a.granted, "a superseded allocation never grows");
             a.granted = granted;
             a.rate_ppm = 0;
+            let charged = a.charged.calendar_period_start;
+            if let Some(ks) = self.keys.get_mut(kid) {
+                // The unaccrued promise was charged to the calendar quota at grant.
+                refund_calendar(ks, charged, shrink);
+            }
             if let Some(r) = self
                 .keys
                 .get_mut(kid)

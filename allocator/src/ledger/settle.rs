@@ -3,6 +3,7 @@
 //! at release, when the final spend is known, never above capacity, and only into what the
 //! grant was charged to.
 
+use super::sources::refund_calendar;
 use super::{Allocation, AllocationState, Ended, Ledger, LedgerError, Response};
 use allot_common::units::millis_to_nanos;
 
@@ -118,7 +119,10 @@ impl Ledger {
         // accrued until now (the rest of the promise was never taken from the buckets: it
         // stops being diverted when the allocation ends, design §9).
         let returned = a.entitled_at(now).saturating_sub(spent);
-        self.refund(&a, returned, now);
+        // The calendar quota was charged the whole grant, promise included: what was not spent
+        // of it goes back there.
+        let unspent = a.granted.saturating_sub(spent);
+        self.refund(&a, returned, unspent, now);
         if let Some(r) = self
             .keys
             .get_mut(&(a.rule_id.clone(), a.key.clone()))
@@ -137,11 +141,12 @@ impl Ledger {
         Response::Released { returned }
     }
 
-    /// Returns `returned` unspent microtokens of `a` to what its grant was charged to: the
-    /// global and region buckets only while they keep the algorithm family they had at grant,
-    /// the calendar quota only while the charged period is current. Tokens that cannot go back
-    /// stay spent (the safe side: capacity refills, the bound never grows).
-    fn refund(&mut self, a: &Allocation, returned: u64, now: u64) {
+    /// Returns `returned` unspent microtokens of `a` to the buckets its grant was charged to,
+    /// only while they keep the algorithm family they had at grant, and `unspent` (its grant
+    /// less its spend, the unaccrued promise included) to the calendar quota, only while the
+    /// charged period is current. Tokens that cannot go back stay spent (the safe side:
+    /// capacity refills, the bound never grows).
+    fn refund(&mut self, a: &Allocation, returned: u64, unspent: u64, now: u64) {
         let now_ns = millis_to_nanos(now);
         let issued_ns = millis_to_nanos(a.issued_at_ms);
         let Some(ks) = self.keys.get_mut(&(a.rule_id.clone(), a.key.clone())) else {
@@ -161,14 +166,7 @@ impl Ledger {
                 p.refund(&mut b.state, now_ns, returned, issued_ns);
             }
         }
-        if let (Some(charged), Some((start, used))) =
-            (a.charged.calendar_period_start, ks.calendar.as_mut())
-        {
-            // Only while the period the grant was charged to is still current.
-            if charged == *start {
-                *used = used.saturating_sub(returned);
-            }
-        }
+        refund_calendar(ks, a.charged.calendar_period_start, unspent);
     }
 }
 

@@ -9,7 +9,8 @@ use super::division::Demand;
 use super::rates::{diverted, key_rate_ppm, region_params};
 use super::{Bucket, KeyId, KeyState, Ledger, LedgerError, PolicyKey};
 use allot_common::algorithm::LimitParams;
-use allot_common::config::{Rule, RuleLimit, Scope};
+use allot_common::config::{Rule, RuleLimit, Scope, SharesMode};
+use std::collections::BTreeMap;
 use allot_common::decision::RetryAfter;
 use allot_common::units::{millis_to_nanos, Micros};
 
@@ -55,6 +56,9 @@ pub(super) struct Prepared {
     pub share: Option<u32>,
     /// The key's handoff version (see `handoff`): new allocations are counted under it.
     pub shares_version: u64,
+    /// Whether the region may borrow beyond its part what the other regions do not keep
+    /// (`shares_mode: weighted` with regional shares; design §5 "Borrowing").
+    pub borrows: bool,
 }
 
 impl Prepared {
@@ -72,6 +76,10 @@ impl Prepared {
                 format!("region {region:?} has no share of {}", rule.name),
             ));
         }
+        if self.borrows {
+            // Weighted: while its part comes by handoff, it borrows what others do not keep.
+            return None;
+        }
         Some((
             (rule.lease.ttl_ms / 4).max(1),
             format!(
@@ -87,8 +95,16 @@ impl Prepared {
 pub(super) struct Available {
     /// The key's global bucket.
     pub global: Micros,
-    /// The region's part (`u64::MAX` without regional shares).
+    /// What the region may take: its own part's bucket, or in weighted mode more, borrowed
+    /// from the global bucket beyond what the other regions keep (`u64::MAX` without regional
+    /// shares).
     pub region: Micros,
+    /// The region's own bucket (0 while its part is 0, `u64::MAX` without regional shares): a
+    /// debit takes from it first, and only what exceeds it is borrowed.
+    pub own_region: Micros,
+    /// What the other regions keep from the global bucket for their own demand, microtokens
+    /// (0 unless the region borrows).
+    pub kept: Micros,
     /// What is left of the calendar quota's current period (`u64::MAX` without a quota).
     pub calendar: Micros,
     /// Start of the calendar period, Unix ms (0 without a quota).
@@ -159,6 +175,7 @@ impl Ledger {
         if retune_buckets(ks, region, params, ppm, activated_ns, now_ns) {
             self.index.region_added();
         }
+        let borrows = share.is_some() && rule.shares_mode == SharesMode::Weighted;
         Ok(Prepared {
             rule,
             kid,
@@ -167,6 +184,7 @@ impl Ledger {
             ppm,
             share,
             shares_version,
+            borrows,
         })
     }
 
@@ -217,14 +235,84 @@ fn retune_buckets(
     new_region
 }
 
-/// What each source of `ks` holds for `region` at `now` (Unix ms), refilling the buckets.
-pub(super) fn available(ks: &mut KeyState, region: &str, rule: &Rule, now: u64) -> Available {
+/// How a region draws on a key (see [`available`]).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Draw<'a> {
+    /// The region's part now, ppm (`None` without regional shares).
+    pub part: Option<u32>,
+    /// In weighted mode, the most each region keeps of its own bucket when another borrows
+    /// ([`Ledger::region_keeps`]: all of it while it is busy, nothing once idle); `None` in cap
+    /// mode.
+    pub lend: Option<&'a BTreeMap<String, Micros>>,
+}
+
+impl Ledger {
+    /// How `region` draws on the key `t`: its part, and in weighted mode the recent wants of
+    /// every region (what the others keep when it borrows).
+    pub(super) fn draw_for(&self, t: &Prepared, now: u64) -> (Option<u32>, Option<BTreeMap<String, Micros>>) {
+        let lend = t.borrows.then(|| self.region_keeps(&t.kid, &t.rule, now));
+        (t.ppm, lend)
+    }
+}
+
+/// Level of a region's own bucket at `now_ns`: 0 while its part is 0 (a bucket left from a
+/// larger part is not drawn on), `u64::MAX` when there is none (no regional shares).
+fn own_level(ks: &mut KeyState, region: &str, part: Option<u32>, now_ns: u64) -> Micros {
+    if part == Some(0) {
+        return 0;
+    }
+    match ks.regions.get_mut(region).and_then(|r| r.bucket.as_mut()) {
+        Some(b) => b.params.check(&mut b.state, now_ns, 0).remaining_micros,
+        None if part.is_some() => 0,
+        None => u64::MAX,
+    }
+}
+
+/// What the regions other than `region` keep of the global bucket at `now_ns`: each busy one
+/// keeps what its own bucket holds, at most its entry in `lend`; an idle region keeps nothing.
+/// Tokens of idle regions' parts may be borrowed (design §5 "Borrowing").
+fn kept_by_others(
+    ks: &mut KeyState,
+    region: &str,
+    lend: &BTreeMap<String, Micros>,
+    now_ns: u64,
+) -> Micros {
+    let mut kept: Micros = 0;
+    for (name, r) in ks.regions.iter_mut() {
+        if name == region {
+            continue;
+        }
+        let (Some(b), Some(&want)) = (r.bucket.as_mut(), lend.get(name)) else {
+            continue;
+        };
+        let level = b.params.check(&mut b.state, now_ns, 0).remaining_micros;
+        kept = kept.saturating_add(level.min(want));
+    }
+    kept
+}
+
+/// What each source of `ks` holds for `region` at `now` (Unix ms), refilling the buckets. In
+/// weighted mode (`draw.lend`) the region may take the larger of its own bucket and what the
+/// global bucket holds beyond what the other regions keep: a region's part is its guarantee,
+/// not a cap on tokens no one else is asking for. Every grant still debits the global bucket,
+/// so the contract holds whatever is borrowed.
+pub(super) fn available(
+    ks: &mut KeyState,
+    region: &str,
+    rule: &Rule,
+    now: u64,
+    draw: Draw<'_>,
+) -> Available {
     let now_ns = millis_to_nanos(now);
     let g = &mut ks.global;
     let global = g.params.check(&mut g.state, now_ns, 0).remaining_micros;
-    let region = match ks.regions.get_mut(region).and_then(|r| r.bucket.as_mut()) {
-        Some(b) => b.params.check(&mut b.state, now_ns, 0).remaining_micros,
-        None => u64::MAX,
+    let own_region = own_level(ks, region, draw.part, now_ns);
+    let (region, kept) = match draw.lend {
+        Some(lend) if draw.part.is_some() => {
+            let kept = kept_by_others(ks, region, lend, now_ns);
+            (own_region.max(global.saturating_sub(kept)), kept)
+        }
+        _ => (own_region, 0),
     };
     let (period_start, period_end, calendar) = match rule.quota {
         Some(q) => {
@@ -240,13 +328,16 @@ pub(super) fn available(ks: &mut KeyState, region: &str, rule: &Rule, now: u64) 
     Available {
         global,
         region,
+        own_region,
+        kept,
         calendar,
         period_start,
         period_end,
     }
 }
 
-/// Debits `amount` microtokens from every source of `ks` for `region` at `now` (Unix ms).
+/// Debits `amount` microtokens from every source of `ks` for `region` at `now` (Unix ms): the
+/// region's own bucket gives what it holds of it (the rest is borrowed, see [`available`]).
 /// The caller checked that `amount ≤ at.pool()`.
 pub(super) fn debit(
     ks: &mut KeyState,
@@ -260,16 +351,36 @@ pub(super) fn debit(
     let now_ns = millis_to_nanos(now);
     let gp = ks.global.params;
     gp.spend(&mut ks.global.state, now_ns, amount);
-    if let Some(b) = ks.regions.get_mut(region).and_then(|r| r.bucket.as_mut()) {
-        let p = b.params;
-        p.spend(&mut b.state, now_ns, amount);
+    let own = amount.min(at.own_region);
+    if own > 0 {
+        if let Some(b) = ks.regions.get_mut(region).and_then(|r| r.bucket.as_mut()) {
+            let p = b.params;
+            p.spend(&mut b.state, now_ns, own);
+        }
     }
+    charge_calendar(ks, rule, at.period_start, amount);
+}
+
+/// Charges `amount` microtokens to the calendar quota's period starting at `period_start` (Unix
+/// ms), when the rule has a quota. A rate-carrying allocation is charged its whole promise at
+/// grant, as its base is: the holder may spend all of it before the calendar hears again.
+pub(super) fn charge_calendar(ks: &mut KeyState, rule: &Rule, period_start: u64, amount: Micros) {
     if rule.quota.is_some() {
         let used = match ks.calendar {
-            Some((s, u)) if s == at.period_start => u,
+            Some((s, u)) if s == period_start => u,
             _ => 0,
         };
-        ks.calendar = Some((at.period_start, used.saturating_add(amount)));
+        ks.calendar = Some((period_start, used.saturating_add(amount)));
+    }
+}
+
+/// Gives `amount` microtokens back to the calendar quota, only while the period a grant was
+/// charged to (`charged`, its start in Unix ms) is still current; `None` (no quota) does nothing.
+pub(super) fn refund_calendar(ks: &mut KeyState, charged: Option<u64>, amount: Micros) {
+    if let (Some(charged), Some((start, used))) = (charged, ks.calendar.as_mut()) {
+        if charged == *start {
+            *used = used.saturating_sub(amount);
+        }
     }
 }
 
@@ -283,26 +394,45 @@ pub(super) enum OverCapacity {
 }
 
 /// When `need` microtokens fit into both buckets of `ks` for `region` (the later of the two), from
-/// the decision core's exact refill (design §10 "Algorithms"). The calendar quota is the caller's:
-/// its wait is the period's end.
+/// the decision core's exact refill (design §10 "Algorithms"). A region that borrows (`at.kept`
+/// known, weighted mode) can also be served once the global bucket holds `need` beyond what the
+/// others keep, whichever of that and its own bucket comes first; such a region never waits
+/// "forever" on its own part. The calendar quota is the caller's: its wait is the period's end.
 pub(super) fn wait_for(
     ks: &mut KeyState,
     region: &str,
     now: u64,
     need: Micros,
     over: OverCapacity,
+    borrows: bool,
+    at: &Available,
 ) -> RetryAfter {
     let now_ns = millis_to_nanos(now);
-    let fit = |cap: Micros| match over {
-        OverCapacity::Clamp => need.min(cap),
-        OverCapacity::Never => need,
+    let fit = |n: Micros, cap: Micros| match over {
+        OverCapacity::Clamp => n.min(cap),
+        OverCapacity::Never => n,
     };
     let g = &mut ks.global;
     let cap = g.params.capacity();
-    let mut wait = g.params.check(&mut g.state, now_ns, fit(cap)).retry_after;
-    if let Some(b) = ks.regions.get_mut(region).and_then(|r| r.bucket.as_mut()) {
-        let cap = b.params.capacity();
-        wait = wait.max(b.params.check(&mut b.state, now_ns, fit(cap)).retry_after);
-    }
-    wait
+    let global = g.params.check(&mut g.state, now_ns, fit(need, cap)).retry_after;
+    let borrowed = borrows.then(|| {
+        let n = need.saturating_add(at.kept).min(cap);
+        g.params.check(&mut g.state, now_ns, n).retry_after
+    });
+    let own = match ks.regions.get_mut(region).and_then(|r| r.bucket.as_mut()) {
+        // A region with no part has no bucket of its own to wait for.
+        Some(_) if borrows && at.own_region == 0 => None,
+        Some(b) => {
+            let cap = b.params.capacity();
+            Some(b.params.check(&mut b.state, now_ns, fit(need, cap)).retry_after)
+        }
+        None => None,
+    };
+    let region_wait = match (own, borrowed) {
+        (Some(o), Some(b)) => o.min(b),
+        (Some(o), None) => o,
+        (None, Some(b)) => b,
+        (None, None) => RetryAfter::Now,
+    };
+    global.max(region_wait)
 }

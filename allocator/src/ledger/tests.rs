@@ -49,7 +49,7 @@ descriptors:
 ";
 
 /// REGIONAL with today's hard split: shares are caps only an operator moves.
-fn regional_cap() -> String {
+pub(super) fn regional_cap() -> String {
     REGIONAL.replace(
         "      regions:\n",
         "      shares_mode: cap\n      regions:\n",

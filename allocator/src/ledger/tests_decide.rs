@@ -2,7 +2,7 @@
 //! retry-after, "never" above capacity, idempotence by (holder, request id), and a batch being
 //! exactly its commands applied in order at one time.
 
-use super::tests::{acquire, granted, key, ledger, ACME, REGIONAL, T0};
+use super::tests::{acquire, granted, key, ledger, regional_cap, ACME, REGIONAL, T0};
 use super::*;
 use allot_common::units::{MAX_TOKENS, MICROS_PER_TOKEN as T};
 
@@ -61,7 +61,8 @@ fn decide_debits_all_or_nothing_exactly_and_is_idempotent() {
 
 #[test]
 fn decide_debits_the_region_part_and_the_global_bucket() {
-    let mut l = ledger(REGIONAL);
+    // Shares as caps: a region never takes beyond its part.
+    let mut l = ledger(&regional_cap());
     // eu-west holds 50 % of 1000: a part of 500 (rate 500/s) inside the global 1000.
     let d = decide(&mut l, T0, "eu-west", 400 * T, "a");
     assert_eq!((d.allowed, d.remaining), (true, 100 * T));
@@ -251,4 +252,58 @@ fn a_batch_is_its_commands_in_order_at_one_time() {
         l.apply_at(&Command::Batch(Vec::new()), T0 + 8),
         Response::Batch(Vec::new())
     );
+}
+
+/// Weighted shares are guarantees, not caps (design §5 "Borrowing"): a region takes beyond its
+/// part what the global bucket holds and the other regions' holders did not ask for; a region
+/// whose holders asked keeps up to that much, and every token still comes from the global
+/// bucket.
+#[test]
+fn a_weighted_region_borrows_what_the_other_regions_do_not_keep() {
+    let mut l = ledger(REGIONAL);
+    // us-east's holder spends its whole part of 400.
+    assert_eq!(
+        granted(&acquire(&mut l, T0, "us-east", "us1", 100 * T, "u1")).granted,
+        100 * T
+    );
+    let r = acquire(&mut l, T0, "us-east", "us1", 300 * T, "u2");
+    assert_eq!(granted(&r).granted, 300 * T);
+    l.check_invariants().unwrap();
+    // The global bucket holds 600; us-east keeps what its bucket holds, 0 now, and ap-south
+    // asked nothing: eu-west (part 500) may take all 600.
+    let d = decide(&mut l, T0, "eu-west", 550 * T, "e1");
+    assert_eq!((d.allowed, d.remaining), (true, 50 * T), "{d:?}");
+    assert_eq!(bucket(&l, T0), 50 * T);
+    l.check_invariants().unwrap();
+    // Nothing beyond the global bucket, ever: 50 left, a cost of 60 waits for 10 at 1000/s.
+    let no = decide(&mut l, T0, "eu-west", 60 * T, "e2");
+    assert!(!no.allowed && !no.never, "{no:?}");
+    assert_eq!(no.retry_after_ms, 10);
+    assert_eq!(bucket(&l, T0), 50 * T, "a denial debits nothing");
+}
+
+#[test]
+fn a_busy_weighted_region_keeps_its_whole_part() {
+    let mut l = ledger(REGIONAL);
+    // us-east's holder asks for 100 of its part of 400: busy, it keeps the 300 left in it.
+    let r = acquire(&mut l, T0, "us-east", "us1", 100 * T, "u1");
+    assert_eq!(granted(&r).granted, 100 * T);
+    // The global bucket holds 900: eu-west (part 500) may take 900 − 300 = 600, ap-south's
+    // idle part of 100 included, never us-east's guarantee.
+    let no = decide(&mut l, T0, "eu-west", 601 * T, "e1");
+    assert!(!no.allowed, "{no:?}");
+    let d = decide(&mut l, T0, "eu-west", 600 * T, "e2");
+    assert_eq!((d.allowed, d.remaining), (true, 0), "{d:?}");
+    assert_eq!(bucket(&l, T0), 300 * T);
+    l.check_invariants().unwrap();
+    // What us-east kept is still there for it.
+    let r = acquire(&mut l, T0, "us-east", "us1", 300 * T, "u2");
+    assert_eq!(granted(&r).granted, 300 * T);
+    l.check_invariants().unwrap();
+    // Once us-east has been idle for the idle window (a lease and the drift), its part is
+    // lendable: at T0 + 2.1 s the buckets refilled, and eu-west may take beyond its part.
+    let later = T0 + 2_200;
+    let d = decide(&mut l, later, "eu-west", 700 * T, "e3");
+    assert!(d.allowed, "{d:?}");
+    l.check_invariants().unwrap();
 }

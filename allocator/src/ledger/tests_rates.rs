@@ -337,3 +337,39 @@ proptest::proptest! {
         proptest::prop_assert!(may <= contract, "{} > {}", may, contract);
     }
 }
+
+/// A rate's promise is spendable before the holder reports, so the calendar quota counts it at
+/// grant: without that a holder could spend base + accrual against a quota charged only the
+/// base. Superseding the rate and releasing give back exactly what was not spent.
+#[test]
+fn a_rate_promise_is_charged_to_the_calendar_quota_and_refunded_when_unspent() {
+    let yaml = "domain: api\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: second, requests_per_unit: 10, burst: 40, quota: {limit: 100, period: month}, lease: {max_grant: 20}}\n";
+    let mut l = ledger(yaml);
+    let left = |l: &Ledger, t: u64| l.status(&key("a"), t).unwrap().calendar_remaining;
+    let g = granted(&acquire_rate(&mut l, T0, "a", "gw1", (20 * T, 5 * T), "r1"));
+    assert_eq!((g.granted, g.promised), (20 * T, 25 * T));
+    assert_eq!(left(&l, T0), Some(55 * T), "base 20 and promise 25 charged");
+    l.check_invariants().unwrap();
+    // The next Acquire at +2 s ends the accrual: 10 of the 25 accrued, 15 come back.
+    let g2 = granted(&acquire_rate(&mut l, T0 + 2000, "a", "gw1", (1 * T, 0), "r2"));
+    assert_eq!(g2.promised, 0);
+    assert_eq!(left(&l, T0 + 2000), Some(70 * T - g2.granted));
+    l.check_invariants().unwrap();
+    // Released having spent 12 of its 30: 18 go back to the quota.
+    release(&mut l, T0 + 2500, &g, "gw1", 12 * T);
+    assert_eq!(left(&l, T0 + 2500), Some(88 * T - g2.granted));
+    l.check_invariants().unwrap();
+}
+
+/// Near the end of a calendar quota, a promise is cut to what the quota has left.
+#[test]
+fn a_rate_promise_never_exceeds_what_the_calendar_quota_has_left() {
+    let yaml = "domain: api\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: second, requests_per_unit: 10, burst: 40, quota: {limit: 30, period: month}, lease: {max_grant: 20}}\n";
+    let mut l = ledger(yaml);
+    let g = granted(&acquire_rate(&mut l, T0, "a", "gw1", (20 * T, 5 * T), "r1"));
+    assert_eq!(g.granted, 20 * T);
+    assert!(g.promised <= 10 * T, "{g:?}");
+    let st = l.status(&key("a"), T0).unwrap();
+    assert_eq!(st.calendar_remaining, Some(10 * T - g.promised));
+    l.check_invariants().unwrap();
+}

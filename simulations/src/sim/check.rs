@@ -47,7 +47,8 @@ struct Granted {
 struct Held {
     generation: u32,
     epoch: u64,
-    granted: Micros,
+    /// Its base, µtokens (the ledger's `base`; its `granted` also counts the promise).
+    base: Micros,
     /// Spend seen at the first observation at or past its local deadline.
     spent_at_deadline: Option<Micros>,
     /// Since when the most advanced ledger has not known it.
@@ -61,8 +62,10 @@ pub struct HeldView {
     pub id: u64,
     /// Epoch.
     pub epoch: u64,
-    /// Granted, µtokens.
+    /// Granted, µtokens: the base plus what its rate can accrue (design §9).
     pub granted: Micros,
+    /// Granted at once, µtokens: what the ledger records as the allocation's base.
+    pub base: Micros,
     /// Spent so far, µtokens.
     pub spent: Micros,
     /// Its local deadline, agent clock ns.
@@ -282,7 +285,7 @@ impl Checker {
             let entry = self.held.entry((agent, h.id, h.deadline)).or_insert(Held {
                 generation,
                 epoch: h.epoch,
-                granted: h.granted,
+                base: h.base,
                 spent_at_deadline: None,
                 unknown_since: None,
             });
@@ -323,11 +326,11 @@ impl Checker {
                         let unreported = h.spent.saturating_sub(a.reported);
                         self.unreported_sum = self.unreported_sum.saturating_add(unreported);
                     }
-                    if a.holder != holder || a.epoch != entry.epoch || a.base != entry.granted {
+                    if a.holder != holder || a.epoch != entry.epoch || a.base != entry.base {
                         let detail = format!(
-                            "{holder} holds allocation {} (epoch {}, {} µtokens), the ledger's is \
+                            "{holder} holds allocation {} (epoch {}, base {} µtokens), the ledger's is \
                              {}'s (epoch {}, base {})",
-                            h.id, entry.epoch, entry.granted, a.holder, a.epoch, a.base
+                            h.id, entry.epoch, entry.base, a.holder, a.epoch, a.base
                         );
                         found.push(("grant-duplicated", detail));
                     } else if !matches!(a.state, AllocationState::Live)
@@ -556,6 +559,7 @@ mod tests {
             id: 7,
             epoch: 1,
             granted: 8 * T,
+            base: 8 * T,
             spent,
             deadline: 100,
             closed: false,

@@ -760,6 +760,7 @@ fn held_by(book: &LeaseBook) -> Vec<HeldView> {
                     id: a.id,
                     epoch: a.epoch,
                     granted: a.granted,
+                    base: a.base,
                     spent: a.spent(),
                     deadline: a.deadline,
                     closed: a.is_closed(),

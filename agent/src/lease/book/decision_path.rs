@@ -216,22 +216,37 @@ impl LeaseBook {
             let wait = self.settings.retry_floor_ns();
             return denied(remaining, RetryAfter::After(wait), false);
         }
-        if let Some(wait) = accrual_wait(&v.allocations(), cost, now) {
-            // The key's rate still accrues: its next tokens come from it, not from another
-            // call (the allocator already divided the rate; the maintenance pass renews it).
+        let accrual = match v.protocol.last_grant_short() {
+            true => accrual_wait(&v.allocations(), cost, now),
+            false => None,
+        };
+        if let Some(wait) = accrual {
+            // The allocator's last grant was short of the ask: the key's rate is all it gets
+            // now, so its next tokens come from it, not from another call (the maintenance
+            // pass renews it). After a full grant a decision it does not cover asks instead:
+            // the demand grew past what the last grant was sized for (design §9).
             self.counters
                 .accrual_denials
                 .fetch_add(1, Ordering::Relaxed);
             let wait = wait.max(1);
+            if take {
+                v.note_denied(cost);
+            }
             return denied(remaining, RetryAfter::After(wait), false);
         }
         match v.protocol.standing(now, ms(self.settings.cold_wait_ms)) {
             Standing::Denied(until) => {
                 // The allocator's own Retry-After (from its bucket), counting down.
                 self.counters.denials_held.fetch_add(1, Ordering::Relaxed);
+                if take {
+                    v.note_denied(cost);
+                }
                 denied(remaining, RetryAfter::After(until - now), false)
             }
             Standing::Unreachable(until) => {
+                if take {
+                    v.note_denied(cost);
+                }
                 if rule.failure_mode == FailureMode::Emergency {
                     if let Some(d) = self.emergency(kl, rule, cost, now, take) {
                         return d;

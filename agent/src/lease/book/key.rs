@@ -7,7 +7,7 @@ use crate::lease::key_rule::{FollowingBucket, KeyRule, LeaseSizing};
 use crate::lease::protocol::KeyProtocol;
 use allot_common::global::GlobalKey;
 use allot_common::units::{Micros, Nanos};
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// Allocations and lease bookkeeping of one policy key.
@@ -29,9 +29,16 @@ pub struct KeyLease {
     pub protocol: KeyProtocol,
     /// Microtokens admitted for this key in total (allocations and emergency), for demand.
     pub admitted: AtomicU64,
-    /// `admitted` at the previous maintenance pass.
-    pub prev_admitted: AtomicU64,
-    /// Recent demand, microtokens per second (measured each maintenance pass).
+    /// Microtokens of final denials for this key (the allocator's standing denial, the
+    /// failure mode, a rate not yet accrued; not the fuse, nor a request waiting for a call):
+    /// with `admitted`, the load offered here, which is what demand measures. Admissions alone
+    /// would measure only what the last grant allowed, and a key short of tokens would never
+    /// ask for more.
+    pub denied_cost: AtomicU64,
+    /// `admitted + denied_cost` at the previous maintenance pass.
+    pub prev_offered: AtomicU64,
+    /// Recent demand, microtokens per second: the offered load, measured each maintenance
+    /// pass, taken at once when it rises and decaying over a lease when it falls.
     pub demand_per_s: AtomicU64,
     /// Microtokens admitted in emergency (out of the allocations' reserves, so already in
     /// their spend and the overshoot bound), for status pages.
@@ -56,6 +63,18 @@ impl KeyLease {
         self.allocations().iter().map(|a| a.unreported()).sum()
     }
 
+    /// Microtokens offered for this key so far: admitted plus finally denied.
+    pub fn offered(&self) -> Micros {
+        self.admitted
+            .load(Ordering::Relaxed)
+            .saturating_add(self.denied_cost.load(Ordering::Relaxed))
+    }
+
+    /// Counts a final denial of `cost` (see [`KeyLease::denied_cost`]).
+    pub fn note_denied(&self, cost: Micros) {
+        self.denied_cost.fetch_add(cost, Ordering::Relaxed);
+    }
+
     /// The allocation list, oldest first.
     pub fn allocations(&self) -> Arc<Vec<Arc<HeldAllocation>>> {
         self.protocol.allocations()
@@ -75,7 +94,8 @@ pub(super) fn new_key(key: &GlobalKey<'_>, now: Nanos) -> KeyLease {
         sizing: LeaseSizing::new(&KeyRule::of(key.rule)),
         protocol: KeyProtocol::default(),
         admitted: AtomicU64::new(0),
-        prev_admitted: AtomicU64::new(0),
+        denied_cost: AtomicU64::new(0),
+        prev_offered: AtomicU64::new(0),
         demand_per_s: AtomicU64::new(0),
         emergency_admitted: AtomicU64::new(0),
         emergency: FollowingBucket::default(),
