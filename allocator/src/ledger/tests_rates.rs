@@ -351,7 +351,7 @@ fn a_rate_promise_is_charged_to_the_calendar_quota_and_refunded_when_unspent() {
     assert_eq!(left(&l, T0), Some(55 * T), "base 20 and promise 25 charged");
     l.check_invariants().unwrap();
     // The next Acquire at +2 s ends the accrual: 10 of the 25 accrued, 15 come back.
-    let g2 = granted(&acquire_rate(&mut l, T0 + 2000, "a", "gw1", (1 * T, 0), "r2"));
+    let g2 = granted(&acquire_rate(&mut l, T0 + 2000, "a", "gw1", (T, 0), "r2"));
     assert_eq!(g2.promised, 0);
     assert_eq!(left(&l, T0 + 2000), Some(70 * T - g2.granted));
     l.check_invariants().unwrap();
