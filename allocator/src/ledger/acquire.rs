@@ -6,8 +6,7 @@ use super::division::Demand;
 use super::fair_share::fair_part;
 use super::rates::{promise, rated_retry_ms, RateAsk};
 use super::sources::{
-    available, charge_calendar, check_id, debit, wait_for, Available, Draw, OverCapacity,
-    Prepared,
+    available, charge_calendar, check_id, debit, wait_for, Available, Draw, OverCapacity, Prepared,
 };
 use super::{
     Acquire, Allocation, AllocationState, ChargedTo, Denial, Grant, Ledger, LedgerError, Response,
@@ -286,7 +285,15 @@ impl Ledger {
             .min(rule.lease.max_grant)
             .clamp(1, MICROS_PER_TOKEN.max(1));
         let need = need.min(params.capacity());
-        let wait = wait_for(ks, &a.region, now, need, OverCapacity::Clamp, t.borrows, avail);
+        let wait = wait_for(
+            ks,
+            &a.region,
+            now,
+            need,
+            OverCapacity::Clamp,
+            t.borrows,
+            avail,
+        );
         let (reason, wait_ms) = if avail.calendar < need {
             (
                 format!(

@@ -106,7 +106,15 @@ impl Ledger {
             let reason = format!("cost is above the calendar quota of {}", rule.name);
             return Ok(denied(0, true, reason, pool));
         }
-        let wait = wait_for(ks, &d.region, now, d.cost, OverCapacity::Never, t.borrows, &avail);
+        let wait = wait_for(
+            ks,
+            &d.region,
+            now,
+            d.cost,
+            OverCapacity::Never,
+            t.borrows,
+            &avail,
+        );
         let wait_ms = match wait {
             RetryAfter::Never => {
                 let what = if d.cost > t.params.capacity() {

@@ -10,9 +10,9 @@ use super::rates::{diverted, key_rate_ppm, region_params};
 use super::{Bucket, KeyId, KeyState, Ledger, LedgerError, PolicyKey};
 use allot_common::algorithm::LimitParams;
 use allot_common::config::{Rule, RuleLimit, Scope, SharesMode};
-use std::collections::BTreeMap;
 use allot_common::decision::RetryAfter;
 use allot_common::units::{millis_to_nanos, Micros};
+use std::collections::BTreeMap;
 
 /// Longest region, holder or request id, in bytes.
 pub const MAX_ID_BYTES: usize = 256;
@@ -249,7 +249,11 @@ pub(super) struct Draw<'a> {
 impl Ledger {
     /// How `region` draws on the key `t`: its part, and in weighted mode the recent wants of
     /// every region (what the others keep when it borrows).
-    pub(super) fn draw_for(&self, t: &Prepared, now: u64) -> (Option<u32>, Option<BTreeMap<String, Micros>>) {
+    pub(super) fn draw_for(
+        &self,
+        t: &Prepared,
+        now: u64,
+    ) -> (Option<u32>, Option<BTreeMap<String, Micros>>) {
         let lend = t.borrows.then(|| self.region_keeps(&t.kid, &t.rule, now));
         (t.ppm, lend)
     }
@@ -414,7 +418,10 @@ pub(super) fn wait_for(
     };
     let g = &mut ks.global;
     let cap = g.params.capacity();
-    let global = g.params.check(&mut g.state, now_ns, fit(need, cap)).retry_after;
+    let global = g
+        .params
+        .check(&mut g.state, now_ns, fit(need, cap))
+        .retry_after;
     let borrowed = borrows.then(|| {
         let n = need.saturating_add(at.kept).min(cap);
         g.params.check(&mut g.state, now_ns, n).retry_after
@@ -424,7 +431,11 @@ pub(super) fn wait_for(
         Some(_) if borrows && at.own_region == 0 => None,
         Some(b) => {
             let cap = b.params.capacity();
-            Some(b.params.check(&mut b.state, now_ns, fit(need, cap)).retry_after)
+            Some(
+                b.params
+                    .check(&mut b.state, now_ns, fit(need, cap))
+                    .retry_after,
+            )
         }
         None => None,
     };
