@@ -247,8 +247,8 @@ pub(super) struct Draw<'a> {
 }
 
 impl Ledger {
-    /// How `region` draws on the key `t`: its part, and in weighted mode the recent wants of
-    /// every region (what the others keep when it borrows).
+    /// How a region draws on the key `t`: its part, and in weighted mode what each region
+    /// keeps when another borrows ([`Ledger::region_keeps`]).
     pub(super) fn draw_for(
         &self,
         t: &Prepared,
