@@ -236,8 +236,10 @@ impl LeaseManager {
             self.book.counters.demotions.fetch_add(1, Ordering::Relaxed);
             return;
         }
-        if prefetch_due(&self.book, v, now) {
-            self.book.request_lease(kl, now);
+        // Queued here, not through the event channel: the prefetch travels in the same `Batch`
+        // as this pass's reports, one call (one Raft entry) per agent per tick (issue 9).
+        if prefetch_due(&self.book, v, now) && self.book.claim_acquire(kl, now) {
+            self.queue.lock().push(Pending::Acquire(kl.clone()));
         }
     }
 
@@ -514,9 +516,12 @@ fn want(v: &KeyLease, s: &LeaseSettings, waiting: Micros) -> (Micros, u64) {
 /// minus the drift margin, so the agent stops spending before the allocator can consider it
 /// expired), remember a denial, or back off. A grant below what the Acquire `asked` (µtokens)
 /// is all the allocator had for this holder (its bucket, fair part, region share or calendar
-/// quota ran out): the rest is denied until the rule's rate refills one token, so the requests
-/// it does not cover are denied at once, as the central counter denies them, instead of asking
-/// again until their wait runs out.
+/// quota ran out): the rest is denied for [`LeaseSizing::short_grant_hold_ns`] (an eighth of
+/// the bucket's fill time, at most an eighth of a report interval), so the requests it does not cover
+/// are denied at once, as the central counter denies them, and the next ask finds a lump worth
+/// a Raft entry instead of one token.
+///
+/// [`LeaseSizing::short_grant_hold_ns`]: super::key_rule::LeaseSizing::short_grant_hold_ns
 fn applied_acquire(
     book: &LeaseBook,
     v: &KeyLease,
@@ -548,7 +553,7 @@ fn applied_acquire(
             // Grants are whole tokens: only a grant below the whole tokens asked is short.
             let short = g.granted < asked - asked % MICROS_PER_TOKEN;
             let denied_until = if short {
-                now.saturating_add(v.sizing.token_ns().max(1))
+                now.saturating_add(v.sizing.short_grant_hold_ns(ms(s.report_interval_ms)))
             } else {
                 0
             };

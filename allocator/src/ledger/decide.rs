@@ -10,8 +10,11 @@
 
 use super::division::Demand;
 use super::rates::rated_retry_ms;
-use super::sources::{available, check_id, debit, wait_for, Draw, OverCapacity, Prepared};
-use super::{Decide, Decided, Ledger, LedgerError, Response};
+use super::sources::{
+    available, check_id, debit, wait_for, Available, Draw, OverCapacity, Prepared,
+};
+
+use super::{Decide, Decided, KeyState, Ledger, LedgerError, Response};
 use allot_common::decision::RetryAfter;
 use allot_common::units::{nanos_to_millis_ceil, MAX_TOKENS, MICROS_PER_TOKEN};
 
@@ -58,25 +61,18 @@ impl Ledger {
         r
     }
 
-    /// The decision on `d` for the key `prepare` readied as `t`.
+    /// The decision on `d` for the key `prepare` readied as `t`: debit and admit when the
+    /// pool covers the cost, else the [`refusal`] (nothing debited).
     fn decide_prepared(
         &mut self,
         d: &Decide,
         t: &Prepared,
         now: u64,
     ) -> Result<Decided, LedgerError> {
-        let (rule, version) = (&t.rule, t.version);
-        let denied = |retry_after_ms: u64, never: bool, reason: String, remaining: u64| Decided {
-            allowed: false,
-            remaining,
-            retry_after_ms,
-            never,
-            reason,
-            policy_version: version,
-        };
+        let version = t.version;
         if let Some((retry_after_ms, reason)) = t.no_part(&d.region) {
             self.note_denied(&t.kid, &d.region, &d.holder, now);
-            return Ok(denied(retry_after_ms, false, reason, 0));
+            return Ok(Refusal::later(retry_after_ms, reason, 0, true).into_decided(version));
         }
         let (part, lend) = self.draw_for(t, now);
         let draw = Draw {
@@ -84,12 +80,12 @@ impl Ledger {
             lend: lend.as_ref(),
         };
         let ks = self.key_mut(&t.kid)?;
-        let avail = available(ks, &d.region, rule, now, draw);
+        let avail = available(ks, &d.region, &t.rule, now, draw);
         let pool = avail.pool();
         if d.cost <= pool {
-            debit(ks, &d.region, rule, &avail, now, d.cost);
+            debit(ks, &d.region, &t.rule, &avail, now, d.cost);
             debug_assert!(
-                available(ks, &d.region, rule, now, draw).global == avail.global - d.cost,
+                available(ks, &d.region, &t.rule, now, draw).global == avail.global - d.cost,
                 "a decision debits the global bucket by its cost"
             );
             return Ok(Decided {
@@ -101,50 +97,110 @@ impl Ledger {
                 policy_version: version,
             });
         }
-        // Denied, nothing debited: when could this cost pass if no other traffic came?
-        if rule.quota.is_some_and(|q| d.cost > q.limit) {
-            let reason = format!("cost is above the calendar quota of {}", rule.name);
-            return Ok(denied(0, true, reason, pool));
+        let r = refusal(ks, d, t, &avail, now);
+        if r.counts_as_demand {
+            self.note_denied(&t.kid, &d.region, &d.holder, now);
         }
-        let wait = wait_for(
-            ks,
-            &d.region,
-            now,
-            d.cost,
-            OverCapacity::Never,
-            t.borrows,
-            &avail,
-        );
-        let wait_ms = match wait {
-            RetryAfter::Never => {
-                let what = if d.cost > t.params.capacity() {
-                    "the capacity"
-                } else {
-                    "its region's part"
-                };
-                let reason = format!("cost is above {what} of {}", rule.name);
-                return Ok(denied(0, true, reason, pool));
-            }
-            RetryAfter::Now => 1,
-            RetryAfter::After(ns) => nanos_to_millis_ceil(ns).max(1),
-        };
-        // Live rates take the refill; one frees up within a lease (design §9).
-        let wait_ms = rated_retry_ms(ks, rule.lease.ttl_ms, wait_ms);
-        if avail.calendar < d.cost {
-            let reason = format!(
-                "calendar quota of {} is spent until {} (Unix ms)",
-                rule.name, avail.period_end
-            );
-            let until_period_end = avail.period_end.saturating_sub(now);
-            return Ok(denied(wait_ms.max(until_period_end), false, reason, pool));
-        }
-        let what = if avail.region_is_tighter() {
-            "region share"
-        } else {
-            "bucket"
-        };
-        let reason = format!("{what} of {} is empty", rule.name);
-        self.note_denied(&t.kid, &d.region, &d.holder, now);
-        Ok(denied(wait_ms, false, reason, pool))
+        Ok(r.into_decided(version))
     }
+}
+
+/// Why a Decide is denied and when to ask again.
+struct Refusal {
+    retry_after_ms: u64,
+    /// The cost can never pass (above the capacity, the calendar quota or the region's part).
+    never: bool,
+    reason: String,
+    /// What the pool holds now, microtokens.
+    remaining: u64,
+    /// Whether the denial is demand the division should see (an empty bucket or a part
+    /// waiting for its handoff), not a request that can never pass or a spent calendar.
+    counts_as_demand: bool,
+}
+
+impl Refusal {
+    fn later(retry_after_ms: u64, reason: String, remaining: u64, counts: bool) -> Self {
+        Refusal {
+            retry_after_ms,
+            never: false,
+            reason,
+            remaining,
+            counts_as_demand: counts,
+        }
+    }
+
+    fn never(reason: String, remaining: u64) -> Self {
+        Refusal {
+            retry_after_ms: 0,
+            never: true,
+            reason,
+            remaining,
+            counts_as_demand: false,
+        }
+    }
+
+    fn into_decided(self, policy_version: u64) -> Decided {
+        Decided {
+            allowed: false,
+            remaining: self.remaining,
+            retry_after_ms: self.retry_after_ms,
+            never: self.never,
+            reason: self.reason,
+            policy_version,
+        }
+    }
+}
+
+/// The denial of `d`, whose cost the pool in `avail` does not cover: when could this cost pass
+/// if no other traffic came, or never.
+fn refusal(ks: &mut KeyState, d: &Decide, t: &Prepared, avail: &Available, now: u64) -> Refusal {
+    let (rule, pool) = (&t.rule, avail.pool());
+    if rule.quota.is_some_and(|q| d.cost > q.limit) {
+        return Refusal::never(
+            format!("cost is above the calendar quota of {}", rule.name),
+            pool,
+        );
+    }
+    let wait = wait_for(
+        ks,
+        &d.region,
+        now,
+        d.cost,
+        OverCapacity::Never,
+        t.borrows,
+        avail,
+    );
+    let wait_ms = match wait {
+        RetryAfter::Never => {
+            let what = if d.cost > t.params.capacity() {
+                "the capacity"
+            } else {
+                "its region's part"
+            };
+            return Refusal::never(format!("cost is above {what} of {}", rule.name), pool);
+        }
+        RetryAfter::Now => 1,
+        RetryAfter::After(ns) => nanos_to_millis_ceil(ns).max(1),
+    };
+    // Live rates take the refill; one frees up within a lease (design §9).
+    let wait_ms = rated_retry_ms(ks, rule.lease.ttl_ms, wait_ms);
+    if avail.calendar < d.cost {
+        let reason = format!(
+            "calendar quota of {} is spent until {} (Unix ms)",
+            rule.name, avail.period_end
+        );
+        let until_period_end = avail.period_end.saturating_sub(now);
+        return Refusal::later(wait_ms.max(until_period_end), reason, pool, false);
+    }
+    let what = if avail.region_is_tighter() {
+        "region share"
+    } else {
+        "bucket"
+    };
+    Refusal::later(
+        wait_ms,
+        format!("{what} of {} is empty", rule.name),
+        pool,
+        true,
+    )
 }

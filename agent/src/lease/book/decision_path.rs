@@ -27,7 +27,7 @@ use super::{ms, KeyLease, LeaseBook, LeaseReservation, LeaseTables};
 use crate::lease::allocation::HeldAllocation;
 use crate::lease::key_rule::KeyRule;
 use crate::lease::protocol::Standing;
-use allot_common::algorithm::{LimitParams, RateAlgorithm};
+use allot_common::algorithm::{LimitParams, Rate, RateAlgorithm};
 use allot_common::config::{FailureMode, RuleLimit};
 use allot_common::decision::{Decision, RetryAfter};
 use allot_common::global::{GlobalDecision, GlobalKey};
@@ -115,9 +115,12 @@ impl LeaseBook {
         v.admitted.fetch_add(cost, Ordering::Relaxed);
         self.counters.leased_admits.fetch_add(1, Ordering::Relaxed);
         let remaining: Micros = allocs.iter().map(|a| a.remaining(now)).sum();
-        // A key whose rate still accrues renews at the maintenance pass (design §9): what it
-        // spends as it accrues never drives it below the watermark into an Acquire per token.
+        // Below the watermark the key renews at the next maintenance pass, in that pass's one
+        // `Batch` (issue 9: one Raft entry per agent per tick); it asks now only when what is
+        // left will not last until then. A key whose rate still accrues renews at the pass
+        // (design §9): what it spends as it accrues never drives it into an Acquire per token.
         if remaining < percent_of(rule.max_grant, self.settings.low_watermark_pct)
+            && remaining < self.need_until_pass(v, cost)
             && !allocs.iter().any(|a| a.accrues(now))
         {
             v.sizing.follow(rule);
@@ -129,6 +132,15 @@ impl LeaseBook {
                 .then(|| LeaseReservation::Allocation(a.clone(), cost, fused.then(|| kl.clone()))),
             cold: false,
         }
+    }
+
+    /// What the key will spend until the next maintenance pass at its measured demand, at
+    /// least one more request of `cost`, microtokens.
+    fn need_until_pass(&self, v: &KeyLease, cost: Micros) -> Micros {
+        let demand = v.demand_per_s.load(Ordering::Relaxed);
+        Rate::per_second(demand)
+            .produced(ms(self.settings.report_interval_ms))
+            .max(cost)
     }
 
     /// Everything but the hot path: the fuse, then the key's allocations, then — nothing held
@@ -247,41 +259,59 @@ impl LeaseBook {
                 if take {
                     v.note_denied(cost);
                 }
-                if rule.failure_mode == FailureMode::Emergency {
-                    if let Some(d) = self.emergency(kl, rule, cost, now, take) {
-                        return d;
-                    }
-                } else {
-                    self.counters
-                        .failure_denials
-                        .fetch_add(1, Ordering::Relaxed);
-                }
-                let wait = until
-                    .saturating_sub(now)
-                    .max(self.settings.retry_floor_ns());
-                denied(remaining, RetryAfter::After(wait), false)
+                self.unreachable(kl, rule, remaining, cost, now, take, until)
             }
             Standing::Ask if self.is_central(v) => {
                 // The waiting request asks the allocator itself (`Enforcer`): one `Decide` of
                 // its own cost. A request already denied elsewhere (a peek) asks nothing.
-                let wait = rule
-                    .params
-                    .time_for(cost)
-                    .max(self.settings.retry_floor_ns());
-                denied(remaining, RetryAfter::After(wait), take)
+                denied(remaining, self.ask_wait(rule, cost), take)
             }
             Standing::Ask => {
                 // Join the key's next call: it asks for at least the waiting decisions' costs.
                 self.counters.cold_misses.fetch_add(1, Ordering::Relaxed);
                 v.protocol.add_waiting(cost);
                 self.request_lease(kl, now);
-                let wait = rule
-                    .params
-                    .time_for(cost)
-                    .max(self.settings.retry_floor_ns());
-                denied(remaining, RetryAfter::After(wait), true)
+                denied(remaining, self.ask_wait(rule, cost), true)
             }
         }
+    }
+
+    /// The allocator is unreachable until `until`: the rule's failure mode decides (design
+    /// §7) — the emergency reserve of what this agent holds, or a denial.
+    #[allow(clippy::too_many_arguments)]
+    fn unreachable(
+        &self,
+        kl: &Arc<Keyed<KeyLease>>,
+        rule: &KeyRule,
+        remaining: Micros,
+        cost: Micros,
+        now: Nanos,
+        take: bool,
+        until: Nanos,
+    ) -> GlobalDecision<LeaseReservation> {
+        if rule.failure_mode == FailureMode::Emergency {
+            if let Some(d) = self.emergency(kl, rule, cost, now, take) {
+                return d;
+            }
+        } else {
+            self.counters
+                .failure_denials
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        let wait = until
+            .saturating_sub(now)
+            .max(self.settings.retry_floor_ns());
+        denied(remaining, RetryAfter::After(wait), false)
+    }
+
+    /// The Retry-After of a decision waiting for the allocator, should the wait end without an
+    /// answer: the time the rule's rate takes to refill `cost`, at least the retry floor.
+    fn ask_wait(&self, rule: &KeyRule, cost: Micros) -> RetryAfter {
+        RetryAfter::After(
+            rule.params
+                .time_for(cost)
+                .max(self.settings.retry_floor_ns()),
+        )
     }
 
     /// Bookkeeping of a decision admitted from the key's central credit (the allocator debited

@@ -232,12 +232,18 @@ impl LeaseBook {
             .map(|_| rx)
     }
 
+    /// Claims the key's next allocator call for an Acquire at `now`: false when the key is
+    /// central, a call for it is in flight, or a denial or failure backoff stands. The caller
+    /// that wins queues the Acquire ([`request_lease`](Self::request_lease) through the
+    /// manager's events; the manager's own pass straight into the batch it is composing).
+    pub(crate) fn claim_acquire(&self, kl: &Arc<Keyed<KeyLease>>, now: Nanos) -> bool {
+        !self.is_central(&kl.value) && kl.value.protocol.begin_call(now)
+    }
+
     /// Asks the manager for an allocation unless the key is central, a call for it is in
     /// flight, or a denial or failure backoff stands.
     pub fn request_lease(&self, kl: &Arc<Keyed<KeyLease>>, now: Nanos) {
-        if !self.is_central(&kl.value)
-            && kl.value.protocol.begin_call(now)
-            && self.events.send(LeaseEvent::Acquire(kl.clone())).is_err()
+        if self.claim_acquire(kl, now) && self.events.send(LeaseEvent::Acquire(kl.clone())).is_err()
         {
             // A closed channel means the agent is shutting down: nothing more to lease, and
             // no decision may wait for a call that will never be made.
