@@ -253,7 +253,7 @@ const READING: &str = "### Reading the tables
   get).
 - The synchronous central counter is exact (under a token of overshoot, which is the
   send-time artefact described under Columns; the checker counts it as a violation of a 0
-  bound in zipf-1000) and pays a round trip per decision: 72 ms from us-east, and
+  bound in acme-burst and zipf-1000) and pays a round trip per decision: 72 ms from us-east, and
   every request fails (here: is denied) while the allocator is unreachable or leaderless.
 - Allot's leases decide most hot-key requests at the agent (p50 0 ms in eu-west; us-east
   pays the round trip only where a key is cold or central), keep admitting from what they
@@ -264,8 +264,8 @@ const READING: &str = "### Reading the tables
   fewer calls than on a hot key below its limit; per 1 000 decisions they still make fewer
   allocator calls than the central counter.
 - The static regional split (hard caps) costs little where traffic is even and loses where
-  it is skewed; in regional-skew the weighted shares of Allot's default gain little over the
-  caps (us-east's trickle keeps its guarantee reserved).
+  it is skewed; in regional-skew the weighted shares of Allot's default admit more than the
+  caps (a busy region borrows what the idle one does not keep, design §5, Borrowing).
 - All three allocator strategies lose about a second of admissions to the leader change (no
   leader for about 1 s) and recover within a report interval or two after the partition; the
   shortfall column includes both.
