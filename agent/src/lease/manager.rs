@@ -22,7 +22,6 @@ use super::close::close_all;
 use super::dispatch::{Answer, Dispatcher, MAX_BATCH_ITEMS, MAX_CALLS_IN_FLIGHT};
 use super::queue::{Pending, WorkQueue};
 use super::settings::LeaseSettings;
-use allot_common::algorithm::Rate;
 use allot_common::keyed::Keyed;
 use allot_common::units::{per_second, Micros, Nanos, MICROS_PER_TOKEN};
 use allot_proto::allot::v1 as pb;
@@ -450,7 +449,7 @@ fn prefetch_due(book: &LeaseBook, v: &KeyLease, now: Nanos) -> bool {
         .map(|a| a.deadline)
         .max()
         .unwrap_or(0);
-    let need_soon = Rate::per_second(demand).produced(interval);
+    let need_soon = v.demand_over(interval);
     let watermark = u64::try_from(
         u128::from(v.sizing.max_grant()) * u128::from(book.settings().low_watermark_pct) / 100,
     )

@@ -27,7 +27,7 @@ use super::{ms, KeyLease, LeaseBook, LeaseReservation, LeaseTables};
 use crate::lease::allocation::HeldAllocation;
 use crate::lease::key_rule::KeyRule;
 use crate::lease::protocol::Standing;
-use allot_common::algorithm::{LimitParams, Rate, RateAlgorithm};
+use allot_common::algorithm::{LimitParams, RateAlgorithm};
 use allot_common::config::{FailureMode, RuleLimit};
 use allot_common::decision::{Decision, RetryAfter};
 use allot_common::global::{GlobalDecision, GlobalKey};
@@ -137,9 +137,7 @@ impl LeaseBook {
     /// What the key will spend until the next maintenance pass at its measured demand, at
     /// least one more request of `cost`, microtokens.
     fn need_until_pass(&self, v: &KeyLease, cost: Micros) -> Micros {
-        let demand = v.demand_per_s.load(Ordering::Relaxed);
-        Rate::per_second(demand)
-            .produced(ms(self.settings.report_interval_ms))
+        v.demand_over(ms(self.settings.report_interval_ms))
             .max(cost)
     }
 

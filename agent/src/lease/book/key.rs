@@ -5,6 +5,7 @@ use crate::lease::allocation::HeldAllocation;
 use crate::lease::demand::DemandWindow;
 use crate::lease::key_rule::{FollowingBucket, KeyRule, LeaseSizing};
 use crate::lease::protocol::KeyProtocol;
+use allot_common::algorithm::Rate;
 use allot_common::global::GlobalKey;
 use allot_common::units::{Micros, Nanos};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -53,6 +54,12 @@ pub struct KeyLease {
 }
 
 impl KeyLease {
+    /// Microtokens the key's recent demand ([`demand_per_s`](Self::demand_per_s)) spends over
+    /// `ns` nanoseconds, rounded down: what it will want until the next maintenance pass.
+    pub fn demand_over(&self, ns: Nanos) -> Micros {
+        Rate::per_second(self.demand_per_s.load(Ordering::Relaxed)).produced(ns)
+    }
+
     /// Microtokens this agent can still spend for the key at `now`.
     pub fn remaining(&self, now: Nanos) -> Micros {
         self.allocations().iter().map(|a| a.remaining(now)).sum()
