@@ -98,8 +98,6 @@ pub fn merge_anchor(previous: Option<Anchor>, applied: Anchor) -> Anchor {
 struct Known {
     last_ms: u64,
     anchor: Option<Anchor>,
-    /// This node's monotonic clock when it last applied a stamp, ns.
-    applied_at_ns: Option<u64>,
 }
 
 /// One node's view of ledger time: fed by its state machine as it applies stamps, read by its
@@ -141,7 +139,6 @@ impl LedgerTime {
         let now_ns = self.clock.monotonic_ns();
         let mut k = self.known.lock();
         k.last_ms = k.last_ms.max(stamp_ms);
-        k.applied_at_ns = Some(now_ns);
         k.anchor = Some(merge_anchor(
             k.anchor,
             Anchor {
@@ -177,14 +174,6 @@ impl LedgerTime {
     /// The last applied stamp, Unix ms (0 before the first).
     pub fn last_ms(&self) -> u64 {
         self.known.lock().last_ms
-    }
-
-    /// How long ago, on this node's monotonic clock, it last applied a stamp, ns (0 when the
-    /// clock reads earlier); `None` before the first. Every stamped entry advances ledger time
-    /// as a `Tick` would, so the leader's ticker waits this long less than its period.
-    pub fn since_applied_ns(&self) -> Option<u64> {
-        let at = self.known.lock().applied_at_ns?;
-        Some(self.clock.monotonic_ns().saturating_sub(at))
     }
 }
 
@@ -366,24 +355,5 @@ mod tests {
         assert_eq!(signed_diff(u64::MAX, 0), i64::MAX);
         assert_eq!(signed_diff(0, u64::MAX), i64::MIN);
         assert_eq!(signed_diff(0, 1), -1);
-    }
-
-    #[test]
-    fn since_applied_counts_from_the_last_stamp_applied_on_the_monotonic_clock() {
-        let clock = ManualNodeClock::with_monotonic(50_000, 7 * MS);
-        let time = LedgerTime::new(Arc::new(clock.clone()));
-        time.applied(0);
-        assert_eq!(time.since_applied_ns(), None, "0 is no stamp");
-        time.applied(50_000);
-        assert_eq!(time.since_applied_ns(), Some(0));
-        clock.advance_monotonic(120);
-        assert_eq!(time.since_applied_ns(), Some(120 * MS));
-        // An older stamp applied (clamped by the state machine) still counts as applied now.
-        time.applied(10);
-        assert_eq!(time.since_applied_ns(), Some(0));
-        assert_eq!(time.last_ms(), 50_000);
-        // The wall clock stepping back does not matter; the monotonic one is read.
-        clock.set(0);
-        assert_eq!(time.since_applied_ns(), Some(0));
     }
 }
