@@ -317,6 +317,11 @@ const LEASE_COUNTERS: &[(&str, &str, LeaseCounter)] = &[
         |c| &c.cold_waits,
     ),
     (
+        "allot_agent_lease_wait_timeouts",
+        "Decisions denied because their wait for an allocator call reached cold_wait_ms",
+        |c| &c.wait_timeouts,
+    ),
+    (
         "allot_agent_allocator_calls",
         "Allocator calls sent: one Batch, or one single call of the fallback",
         |c| &c.calls,

@@ -17,6 +17,7 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+mod denials;
 mod parts;
 mod skew;
 
@@ -161,6 +162,8 @@ pub struct Run<'a> {
     totals: Vec<(u64, u64)>,
     /// Contract rate per key, tokens/s (for the latency refill allowance).
     rates: Vec<u64>,
+    /// What the agents counted as denials by cause during the last `send`.
+    denials: denials::Denials,
     pub(crate) rows: Vec<Row>,
 }
 
@@ -179,6 +182,7 @@ impl<'a> Run<'a> {
             ideal: Limiter::new(set.with_scope(Scope::Local), 0),
             totals: Vec::new(),
             rates: Vec::new(),
+            denials: denials::Denials::default(),
             rows: Vec::new(),
         })
     }
@@ -209,11 +213,15 @@ impl<'a> Run<'a> {
             .collect()
     }
 
-    /// Sends `arrivals` now and returns their records (send order).
-    pub(crate) async fn send(&self, arrivals: &[Arrival]) -> Result<Vec<Record>> {
+    /// Sends `arrivals` now and returns their records (send order); the agents' denials by
+    /// cause while they ran are kept for [`Run::finish`].
+    pub(crate) async fn send(&mut self, arrivals: &[Arrival]) -> Result<Vec<Record>> {
         let agents: Vec<String> = self.d.agents.iter().map(|a| a.rls.clone()).collect();
+        let before = denials::scrape(self.d).await?;
         let start = Instant::now() + Duration::from_millis(20);
-        drive(&agents, &self.keys, arrivals, self.origin, start).await
+        let records = drive(&agents, &self.keys, arrivals, self.origin, start).await?;
+        self.denials = denials::scrape(self.d).await?.since(before);
+        Ok(records)
     }
 
     /// Decides `records` with the ideal counter, adds both sides to the per-key totals, reads
@@ -230,7 +238,9 @@ impl<'a> Run<'a> {
         touched.sort_unstable();
         touched.dedup();
         let (mut allot, mut ideal_n, mut errors, mut worst_us) = (0u64, 0u64, 0u64, 0u64);
+        let mut false_rejections = 0u64;
         for (r, ok) in records.iter().zip(&ideal) {
+            false_rejections += u64::from(*ok && r.answer != RequestAnswer::Admitted);
             let t = &mut self.totals[r.key];
             if r.answer == RequestAnswer::Admitted {
                 allot += 1;
@@ -273,6 +283,22 @@ impl<'a> Run<'a> {
         };
         let mut figures = extra.figures;
         figures.insert("max_latency_us".into(), worst_us.into());
+        let d = self.denials;
+        figures.insert("false_rejections".into(), false_rejections.into());
+        figures.insert("wait_timeouts".into(), d.wait_timeouts.into());
+        figures.insert("failure_mode_denials".into(), d.failure_mode.into());
+        figures.insert("rpc_errors".into(), d.rpc_errors.into());
+        let mut measured = extra.measured;
+        if false_rejections > 0 {
+            // Each false rejection read against the agents' causes (the rest: the allocator's
+            // own denial, e.g. a region's part or a hold after a short grant).
+            let sep = if measured.is_empty() { "" } else { "; " };
+            measured = format!(
+                "{measured}{sep}{false_rejections} false rejections: {} wait timeouts, {} \
+                 failure mode ({} RPC errors)",
+                d.wait_timeouts, d.failure_mode, d.rpc_errors
+            );
+        }
         self.rows.push(Row {
             part: part.to_string(),
             what,
@@ -284,7 +310,7 @@ impl<'a> Run<'a> {
             overshoot,
             bound,
             within,
-            measured: extra.measured,
+            measured,
             target: extra.target,
             target_met: (extra.met)(ratio),
             figures,

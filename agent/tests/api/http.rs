@@ -289,6 +289,11 @@ async fn health_status_and_metrics() {
         "{}",
         m.text
     );
+    assert!(
+        m.text.contains("allot_agent_lease_wait_timeouts_total"),
+        "{}",
+        m.text
+    );
 }
 
 /// A raw HTTP/1.1 exchange over loopback (the status line, headers and body as text).
