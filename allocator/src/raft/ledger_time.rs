@@ -23,13 +23,24 @@
 //! advances at the real rate this node measures instead of standing still until the wall clock
 //! catches up, so no bucket stops refilling. It can never run faster than real time either way.
 //!
-//! Of all the stamps a node applied, the anchor is the one that allows the most (the greatest
-//! `stamp − monotonic time of apply`): a later entry only moves it when its stamp lies above the
-//! ceiling the node had at that moment. Anchoring on the *last* entry instead would lose the
-//! commit latency at every entry (a stamp made at t is applied at t + c), and ledger time would
-//! fall ever further behind under load. A restarted node anchors on the stamps it restores and
-//! replays, at its monotonic time of loading them: the downtime is not counted, so after a
-//! whole-cluster outage ledger time resumes where it stopped and runs at real rate from there.
+//! Of the stamps a node applied **from one leader's term**, the anchor is the one that allows the
+//! most (the greatest `stamp − monotonic time of apply`): a later entry of the term only moves it
+//! when its stamp lies above the ceiling the node had at that moment. Anchoring on the *last*
+//! entry instead would lose the commit latency at every entry (a stamp made at t is applied at
+//! t + c), and ledger time would fall ever further behind under load. A restarted node anchors on
+//! the stamps it restores and replays, at its monotonic time of loading them: the downtime is not
+//! counted, so after a whole-cluster outage ledger time resumes where it stopped and runs at real
+//! rate from there.
+//!
+//! The first stamp of a **new term** replaces the anchor instead of joining it. One term's stamps
+//! come from one leader and never exceed that leader's ceiling, so an anchor drawn from them allows
+//! no more than the leader itself could stamp; an anchor kept from an *earlier* term may allow far
+//! more. A leader restarted with its downtime uncounted stamps behind real time (by the downtime);
+//! a follower still anchored on the term before would, once elected, stamp at real time again:
+//! ledger time would jump ahead by the downtime at once, expiring allocations whose holders may
+//! still spend them for a whole lease (and refilling buckets by r · downtime). `allot-sim --seed
+//! 115` found exactly that: a 2.4 s jump across a leader change after a node crash. Starting the
+//! anchor afresh at each term costs one commit latency per leader change, nothing per entry.
 //!
 //! The anchor is node-local bookkeeping beside the state machine; `apply` itself still takes
 //! its time only from the entry, so every replica computes the same state.
@@ -93,11 +104,29 @@ pub fn merge_anchor(previous: Option<Anchor>, applied: Anchor) -> Anchor {
     }
 }
 
-/// What a node knows about ledger time: the last stamp it applied and its anchor.
+/// The anchor after applying `applied` from an entry of leader term `term` (`None`: a restored
+/// or installed stamp, of no known term) when the anchor was `previous`, drawn from entries of
+/// `previous_term`: within one term, the one that allows more ([`merge_anchor`]); across terms
+/// (or without a term), `applied` alone, so no earlier leader's anchor outlives its term.
+pub fn next_anchor(
+    previous: Option<Anchor>,
+    previous_term: Option<u64>,
+    applied: Anchor,
+    term: Option<u64>,
+) -> Anchor {
+    match term {
+        Some(t) if previous_term == Some(t) => merge_anchor(previous, applied),
+        _ => applied,
+    }
+}
+
+/// What a node knows about ledger time: the last stamp it applied, its anchor and the leader term
+/// the anchor was drawn from (`None`: a restored or installed stamp).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 struct Known {
     last_ms: u64,
     anchor: Option<Anchor>,
+    term: Option<u64>,
 }
 
 /// One node's view of ledger time: fed by its state machine as it applies stamps, read by its
@@ -129,23 +158,32 @@ impl LedgerTime {
         &self.clock
     }
 
-    /// Records that the state machine applied (or restored, or installed from a snapshot) ledger
-    /// time `stamp_ms` now. A stamp of 0 is no time at all (nothing stamped yet) and anchors
-    /// nothing.
+    /// Records that the state machine restored, or installed from a snapshot, ledger time
+    /// `stamp_ms` now: the anchor starts afresh there. A stamp of 0 is no time at all (nothing
+    /// stamped yet) and anchors nothing.
     pub fn applied(&self, stamp_ms: u64) {
+        self.record(stamp_ms, None);
+    }
+
+    /// Records that the state machine applied ledger time `stamp_ms` now, from an entry of leader
+    /// term `term` (see [`next_anchor`]: the first stamp of a new term replaces the anchor).
+    pub fn applied_in_term(&self, stamp_ms: u64, term: u64) {
+        self.record(stamp_ms, Some(term));
+    }
+
+    fn record(&self, stamp_ms: u64, term: Option<u64>) {
         if stamp_ms == 0 {
             return;
         }
         let now_ns = self.clock.monotonic_ns();
         let mut k = self.known.lock();
         k.last_ms = k.last_ms.max(stamp_ms);
-        k.anchor = Some(merge_anchor(
-            k.anchor,
-            Anchor {
-                stamp_ms,
-                mono_ns: now_ns,
-            },
-        ));
+        let applied = Anchor {
+            stamp_ms,
+            mono_ns: now_ns,
+        };
+        k.anchor = Some(next_anchor(k.anchor, k.term, applied, term));
+        k.term = term;
     }
 
     /// The stamp to put into an entry proposed now (see [`next_stamp`]).
@@ -294,6 +332,47 @@ mod tests {
             .ceiling_ms(u64::MAX),
             u64::MAX / MS
         );
+    }
+
+    #[test]
+    fn a_new_term_replaces_the_anchor_so_a_lagging_leader_is_not_jumped_past() {
+        // `allot-sim --seed 115`: a follower applied term 2's stamp 2_080 at monotonic 2.08 s.
+        // The term-2 leader crashed and came back with its downtime uncounted, won term 4 and
+        // stamped 3_554 (2.3 s behind real time), applied here at 5.86 s. Elected at 6.003 s,
+        // this node must go on from 3_554 at real rate, not from the term-2 anchor (≈ 6_003:
+        // a 2.4 s jump that expired live allocations at once).
+        let clock = ManualNodeClock::with_monotonic(2_080, 2_080 * MS);
+        let time = LedgerTime::new(Arc::new(clock.clone()));
+        time.applied_in_term(2_080, 2);
+        clock.advance(5_860 - 2_080);
+        time.applied_in_term(3_554, 4);
+        clock.advance(6_003 - 5_860);
+        assert_eq!(time.stamp(), 3_554 + 143);
+        // Within one term the most generous stamp still anchors (commit latency not lost).
+        clock.advance(7);
+        time.applied_in_term(3_554 + 143, 4);
+        assert_eq!(time.stamp(), 3_554 + 150);
+        // A restored or installed stamp starts afresh too.
+        time.applied(3_800);
+        clock.advance(10);
+        assert_eq!(time.stamp(), 3_810);
+    }
+
+    #[test]
+    fn the_next_anchor_merges_within_a_term_and_starts_afresh_across_terms() {
+        let old = Anchor {
+            stamp_ms: 1_000,
+            mono_ns: 0,
+        };
+        let lagging = Anchor {
+            stamp_ms: 1_000,
+            mono_ns: 5_000 * MS,
+        };
+        assert_eq!(next_anchor(Some(old), Some(3), lagging, Some(3)), old);
+        assert_eq!(next_anchor(Some(old), Some(3), lagging, Some(4)), lagging);
+        assert_eq!(next_anchor(Some(old), None, lagging, Some(3)), lagging);
+        assert_eq!(next_anchor(Some(old), Some(3), lagging, None), lagging);
+        assert_eq!(next_anchor(None, None, lagging, Some(1)), lagging);
     }
 
     #[test]

@@ -298,8 +298,10 @@ impl<A: App> RaftStateMachine<AllotRaft<A>> for SledStateMachine<A> {
                     // way, so all compute the same state.
                     let now_ms = now_ms.max(state.last_stamped_ms);
                     state.last_stamped_ms = now_ms;
-                    // Node-local: anchors this node's next stamps; `apply` never sees it.
-                    self.time.applied(now_ms);
+                    // Node-local: anchors this node's next stamps, afresh at each leader term
+                    // (design §6 "Clocks"); `apply` never sees it.
+                    self.time
+                        .applied_in_term(now_ms, entry.log_id.leader_id.term);
                     responses.push(Some(state.app.apply(&cmd, now_ms)));
                 }
                 EntryPayload::Membership(membership) => {
