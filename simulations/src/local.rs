@@ -713,49 +713,46 @@ impl Deployment {
     /// allocators (they flush). Returns the processes that did not exit cleanly.
     pub async fn shutdown(mut self) -> Vec<String> {
         let mut unclean = Vec::new();
-        for g in self.gateways.iter() {
-            if let Some(c) = &g.child {
-                terminate(c);
-            }
-        }
-        for g in self.gateways.iter_mut() {
-            if let Some(mut c) = g.child.take() {
-                match wait_exit(&mut c, Duration::from_secs(10)).await {
-                    Ok(s) if s.success() => {}
-                    Ok(s) => unclean.push(format!("envoy for {} exited with {s}", g.agent)),
-                    Err(e) => unclean.push(format!("envoy for {}: {e}", g.agent)),
-                }
-            }
-        }
-        for a in self.agents.iter() {
-            if let Some(c) = &a.child {
-                terminate(c);
-            }
-        }
-        for a in self.agents.iter_mut() {
-            if let Some(mut c) = a.child.take() {
-                match wait_exit(&mut c, Duration::from_secs(10)).await {
-                    Ok(s) if s.success() => {}
-                    Ok(s) => unclean.push(format!("agent {} exited with {s}", a.id)),
-                    Err(e) => unclean.push(format!("agent {}: {e}", a.id)),
-                }
-            }
-        }
-        for a in self.allocators.iter() {
-            if let Some(c) = &a.child {
-                terminate(c);
-            }
-        }
-        for a in self.allocators.iter_mut() {
-            if let Some(mut c) = a.child.take() {
-                match wait_exit(&mut c, Duration::from_secs(10)).await {
-                    Ok(s) if s.success() => {}
-                    Ok(s) => unclean.push(format!("allocator {} exited with {s}", a.id)),
-                    Err(e) => unclean.push(format!("allocator {}: {e}", a.id)),
-                }
-            }
-        }
+        let gateways = self
+            .gateways
+            .iter_mut()
+            .map(|g| (format!("envoy for {}", g.agent), &mut g.child));
+        stop_group(gateways, &mut unclean).await;
+        let agents = self
+            .agents
+            .iter_mut()
+            .map(|a| (format!("agent {}", a.id), &mut a.child));
+        stop_group(agents, &mut unclean).await;
+        let allocators = self
+            .allocators
+            .iter_mut()
+            .map(|a| (format!("allocator {}", a.id), &mut a.child));
+        stop_group(allocators, &mut unclean).await;
         unclean
+    }
+}
+
+/// Stops one group of processes, each named for the report: SIGTERM to all of them first, so
+/// they wind down together, then a bounded wait for each. Every process that did not exit
+/// cleanly is appended to `unclean` as "NAME exited with STATUS" or "NAME: ERROR".
+async fn stop_group<'a>(
+    group: impl Iterator<Item = (String, &'a mut Option<Child>)>,
+    unclean: &mut Vec<String>,
+) {
+    let mut group: Vec<_> = group.collect();
+    for (_, child) in &group {
+        if let Some(c) = child.as_ref() {
+            terminate(c);
+        }
+    }
+    for (who, child) in &mut group {
+        if let Some(mut c) = child.take() {
+            match wait_exit(&mut c, Duration::from_secs(10)).await {
+                Ok(s) if s.success() => {}
+                Ok(s) => unclean.push(format!("{who} exited with {s}")),
+                Err(e) => unclean.push(format!("{who}: {e}")),
+            }
+        }
     }
 }
 
