@@ -37,6 +37,7 @@ mod validate;
 pub use error::ConfigError;
 
 use crate::algorithm::LimitParams;
+use crate::descriptor::Entry;
 use crate::name::NameIndex;
 use crate::units::{Micros, NANOS_PER_SEC};
 use hashbrown::HashMap;
@@ -301,6 +302,13 @@ impl DomainConfig {
             return None;
         }
         self.nodes[node].rule
+    }
+
+    /// [`match_rule`](Self::match_rule) on a request descriptor's entries, the form every
+    /// decision and refund path holds them in.
+    #[inline]
+    pub fn match_entries(&self, entries: &[Entry<'_>]) -> Option<usize> {
+        self.match_rule(entries.iter().map(|e| (e.key, e.value)))
     }
 }
 
