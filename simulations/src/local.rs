@@ -367,15 +367,10 @@ fn remove_if_present(path: &Path) -> Result<()> {
 pub fn assemble_policies(sources: &[PathBuf], into: &Path) -> Result<()> {
     std::fs::create_dir_all(into)?;
     for src in sources {
-        let files: Vec<PathBuf> = if src.is_dir() {
-            std::fs::read_dir(src)
-                .with_context(|| format!("reading {}", src.display()))?
-                .map(|e| e.map(|e| e.path()))
-                .collect::<std::io::Result<_>>()?
-        } else {
-            vec![src.clone()]
-        };
+        let files = allot_common::config::policy_paths(src)
+            .with_context(|| format!("reading {}", src.display()))?;
         for f in files {
+            // A source named as a file is taken only when it is a policy document.
             let yaml = matches!(f.extension().and_then(|e| e.to_str()), Some("yaml" | "yml"));
             let Some(name) = f.file_name().filter(|_| yaml) else {
                 continue;
