@@ -15,6 +15,7 @@ use std::time::Duration;
 use allot_allocator::daemon::config_file::FileConfig;
 use allot_allocator::daemon::{load_policy_files, Daemon, DaemonConfig};
 use allot_allocator::raft::{NodeConfig, RaftTimings, SystemNodeClock};
+use allot_common::process::{stop_signal, write_ready_file};
 use allot_proto::allot::v1::Member;
 use anyhow::{bail, Context, Result};
 use clap::Parser;
@@ -186,26 +187,6 @@ fn resolve(cli: Cli, file: FileConfig, advertise: String) -> Result<DaemonConfig
         policies,
     };
     Ok(config)
-}
-
-/// Writes `text` to `path` through a temporary file and a rename, so a reader polling for the
-/// file never sees it half written.
-fn write_ready_file(path: &std::path::Path, text: &str) -> std::io::Result<()> {
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".tmp");
-    std::fs::write(&tmp, text)?;
-    std::fs::rename(&tmp, path)
-}
-
-/// Resolves on the first SIGINT or SIGTERM.
-async fn stop_signal() -> Result<()> {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .context("cannot listen for SIGTERM")?;
-    tokio::select! {
-        r = tokio::signal::ctrl_c() => r.context("cannot listen for SIGINT")?,
-        _ = term.recv() => {}
-    }
-    Ok(())
 }
 
 #[tokio::main]
