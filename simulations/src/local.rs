@@ -200,6 +200,28 @@ async fn await_ready(
     }
 }
 
+/// Probes every 50 ms until `probe` answers `Some`, and returns that answer; `None` once a probe
+/// has failed after `within` since `t0` (the deadline is checked after each probe, so the last
+/// probe may run past it). One deadline over many waits: pass them the same `t0`.
+async fn poll_until<T, Fut>(
+    t0: Instant,
+    within: Duration,
+    mut probe: impl FnMut() -> Fut,
+) -> Option<T>
+where
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    loop {
+        if let Some(answer) = probe().await {
+            return Some(answer);
+        }
+        if t0.elapsed() > within {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 fn log_file(dir: &Path, name: &str) -> Result<std::fs::File> {
     std::fs::create_dir_all(dir)?;
     std::fs::File::create(dir.join(format!("{name}.log")))
@@ -550,19 +572,15 @@ impl Deployment {
         let t0 = Instant::now();
         for g in self.gateways.iter_mut() {
             let admin_file = PathBuf::from(&g.http);
-            g.http = loop {
-                if let Some(addr) = envoy_listener(&http, &admin_file).await {
-                    break addr;
-                }
-                if t0.elapsed() > READY_WITHIN {
-                    bail!(
-                        "envoy for {} not listening; see {}",
-                        g.agent,
-                        self.logs.display()
-                    );
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
+            let probe = || envoy_listener(&http, &admin_file);
+            let Some(addr) = poll_until(t0, READY_WITHIN, probe).await else {
+                bail!(
+                    "envoy for {} not listening; see {}",
+                    g.agent,
+                    self.logs.display()
+                );
             };
+            g.http = addr;
         }
         Ok(())
     }
@@ -611,24 +629,16 @@ impl Deployment {
             .build()?;
         let t0 = Instant::now();
         for a in &self.agents {
-            loop {
-                let ok = http
-                    .get(format!("http://{}/healthz", a.http))
-                    .send()
-                    .await
-                    .map(|r| r.status().is_success())
-                    .unwrap_or(false);
-                if ok {
-                    break;
-                }
-                if t0.elapsed() > within {
-                    bail!(
-                        "agent {} not healthy within {within:?}; see {}",
-                        a.id,
-                        self.logs.display()
-                    );
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
+            let probe = || async {
+                let r = http.get(format!("http://{}/healthz", a.http)).send().await;
+                r.is_ok_and(|r| r.status().is_success()).then_some(())
+            };
+            if poll_until(t0, within, probe).await.is_none() {
+                bail!(
+                    "agent {} not healthy within {within:?}; see {}",
+                    a.id,
+                    self.logs.display()
+                );
             }
         }
         Ok(())
@@ -662,15 +672,17 @@ impl Deployment {
             bail!("no allocator node {id}");
         };
         let t0 = Instant::now();
-        let mut c = allocator_client(&a.addr)?;
-        while c.cluster_status(pb::ClusterStatusRequest {}).await.is_err() {
-            if t0.elapsed() > within {
-                bail!(
-                    "allocator node {id} not answering within {within:?}; see {}",
-                    self.logs.display()
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+        let c = allocator_client(&a.addr)?;
+        let probe = || {
+            // A clone shares the channel; each probe needs a client of its own to call with.
+            let mut c = c.clone();
+            async move { c.cluster_status(pb::ClusterStatusRequest {}).await.ok() }
+        };
+        if poll_until(t0, within, probe).await.is_none() {
+            bail!(
+                "allocator node {id} not answering within {within:?}; see {}",
+                self.logs.display()
+            );
         }
         Ok(())
     }
