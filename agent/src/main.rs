@@ -6,6 +6,7 @@
 use allot_agent::server::{serve_grpc, serve_http, Agent, AgentFile};
 use allot_common::clock::MonotonicClock;
 use allot_common::config::ConfigSet;
+use allot_common::process::{stop_signal, write_ready_file};
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 use std::path::PathBuf;
@@ -160,7 +161,7 @@ async fn run(cli: Cli) -> Result<()> {
             .with_context(|| format!("cannot write the ready file {}", path.display()))?;
     }
 
-    wait_for_signal().await?;
+    stop_signal().await?;
     tracing::info!("shutting down: draining requests");
     let _ = stop_serving.send(true);
     drained("gRPC", grpc_task).await;
@@ -194,25 +195,4 @@ async fn drained<E: std::fmt::Display>(what: &str, task: JoinHandle<Result<(), E
         Err(_) => tracing::warn!("{what} server did not stop in time"),
         _ => {}
     }
-}
-
-/// Writes `text` to `path` through a temporary file and a rename: a reader polling for the file
-/// sees all of it or nothing.
-fn write_ready_file(path: &std::path::Path, text: &str) -> std::io::Result<()> {
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".tmp");
-    std::fs::write(&tmp, text)?;
-    std::fs::rename(&tmp, path)
-}
-
-/// Resolves on SIGINT or SIGTERM.
-async fn wait_for_signal() -> Result<()> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).context("cannot watch SIGTERM")?;
-    let mut int = signal(SignalKind::interrupt()).context("cannot watch SIGINT")?;
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
-    }
-    Ok(())
 }

@@ -15,6 +15,8 @@ use std::time::Duration;
 use allot_allocator::daemon::config_file::FileConfig;
 use allot_allocator::daemon::{load_policy_files, Daemon, DaemonConfig};
 use allot_allocator::raft::{NodeConfig, RaftTimings, SystemNodeClock};
+use allot_common::process::{stop_signal, write_ready_file};
+use allot_proto::allot::v1::Member;
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 use tracing_subscriber::EnvFilter;
@@ -51,8 +53,8 @@ struct Cli {
     #[arg(long)]
     cluster_name: Option<String>,
     /// A voter of the cluster, ID=HOST:PORT; repeat for each (this node included).
-    #[arg(long = "peer", value_parser = parse_peer)]
-    peers: Vec<(u64, String)>,
+    #[arg(long = "peer")]
+    peers: Vec<Member>,
     /// Folder (or file) of policy YAML documents, installed (when changed) the first time this
     /// node leads after it starts.
     #[arg(long)]
@@ -75,21 +77,6 @@ struct Cli {
     /// Build a snapshot after this many log entries [default: 5000].
     #[arg(long)]
     snapshot_every_logs: Option<u64>,
-}
-
-fn parse_peer(s: &str) -> Result<(u64, String), String> {
-    let (id, addr) = s
-        .split_once('=')
-        .ok_or_else(|| format!("expected ID=HOST:PORT, got {s:?}"))?;
-    let id = id
-        .trim()
-        .parse::<u64>()
-        .map_err(|e| format!("bad node id {id:?}: {e}"))?;
-    let addr = addr.trim();
-    if addr.is_empty() {
-        return Err(format!("node {id} has no address"));
-    }
-    Ok((id, addr.to_string()))
 }
 
 /// The configuration file named by `--config`, or none.
@@ -143,8 +130,8 @@ fn resolve(cli: Cli, file: FileConfig, advertise: String) -> Result<DaemonConfig
         .or(file.data_dir)
         .unwrap_or_else(|| PathBuf::from(format!("data/node-{id}")));
     let mut members: BTreeMap<u64, String> = file.peers;
-    for (pid, addr) in cli.peers {
-        members.insert(pid, addr);
+    for peer in cli.peers {
+        members.insert(peer.node_id, peer.addr);
     }
     if let Some(own) = members.get(&id) {
         if *own != advertise {
@@ -200,26 +187,6 @@ fn resolve(cli: Cli, file: FileConfig, advertise: String) -> Result<DaemonConfig
         policies,
     };
     Ok(config)
-}
-
-/// Writes `text` to `path` through a temporary file and a rename, so a reader polling for the
-/// file never sees it half written.
-fn write_ready_file(path: &std::path::Path, text: &str) -> std::io::Result<()> {
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".tmp");
-    std::fs::write(&tmp, text)?;
-    std::fs::rename(&tmp, path)
-}
-
-/// Resolves on the first SIGINT or SIGTERM.
-async fn stop_signal() -> Result<()> {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .context("cannot listen for SIGTERM")?;
-    tokio::select! {
-        r = tokio::signal::ctrl_c() => r.context("cannot listen for SIGINT")?,
-        _ = term.recv() => {}
-    }
-    Ok(())
 }
 
 #[tokio::main]

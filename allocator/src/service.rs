@@ -47,7 +47,8 @@ use crate::raft::{ChannelFactory, ClientError, CommitError, GroupCommit, LazyTcp
 use allot_proto::allot::v1 as pb;
 use allot_proto::allot::v1::allocator_client::AllocatorClient;
 use allot_proto::allot::v1::allocator_server::{Allocator, AllocatorServer};
-use errors::commit_status;
+use errors::{commit_status, unexpected};
+use forward::{forward_request, forwarded};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::future::Future;
@@ -55,6 +56,9 @@ use std::sync::Arc;
 use tokio::time::Instant;
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
+
+/// A client of another allocator node (the leader a follower forwards to).
+type Client = AllocatorClient<Channel>;
 
 /// The `allot.v1.Allocator` service of one node.
 pub struct AllocatorService {
@@ -128,7 +132,7 @@ impl AllocatorService {
         forward: F,
     ) -> Result<Result<LResp, Response<T>>, Status>
     where
-        F: FnOnce(AllocatorClient<Channel>) -> Fut,
+        F: FnOnce(Client) -> Fut,
         Fut: Future<Output = Result<Response<T>, Status>>,
     {
         match self.commit(vec![cmd], deadline).await {
@@ -144,6 +148,36 @@ impl AllocatorService {
                 .await
                 .map(Err),
             Err(e) => Err(commit_status(e)),
+        }
+    }
+
+    /// One unary write (a lease item of the data plane, a policy or shares of the admin plane):
+    /// `command` of the request's body committed through Raft and its ledger response turned
+    /// into the answer by `answer`, or, on a follower, the body sent on to the
+    /// leader by `forward` (with the caller's deadline) and the leader's answer returned.
+    ///
+    /// # Errors
+    /// INVALID_ARGUMENT when the body has no key (`command` gives `None`); the commit's or the
+    /// ledger's status otherwise.
+    async fn unary_write<B, T, Fut>(
+        &self,
+        req: Request<B>,
+        command: impl FnOnce(B) -> Option<Command>,
+        forward: impl FnOnce(Client, Request<B>) -> Fut,
+        answer: impl FnOnce(LResp) -> Result<T, LResp>,
+    ) -> Result<Response<T>, Status>
+    where
+        B: Clone,
+        Fut: Future<Output = Result<Response<T>, Status>>,
+    {
+        let (fwd, deadline) = (forwarded(&req), deadline_of(&req));
+        let body = req.into_inner();
+        let cmd =
+            command(body.clone()).ok_or_else(|| Status::invalid_argument("key is required"))?;
+        let to_leader = |c| forward(c, forward_request(body, deadline));
+        match self.write(fwd, deadline, cmd, to_leader).await? {
+            Ok(r) => answer(r).map(Response::new).map_err(unexpected),
+            Err(forwarded) => Ok(forwarded),
         }
     }
 }

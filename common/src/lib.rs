@@ -16,7 +16,9 @@
 //! * [`concurrency`]: in-flight limits (design §10 "Concurrency"); [`direct`]: a single-key
 //!   limiter;
 //! * [`name`]: map keys compared inline on the decision path;
-//! * [`global`]: the seam through which an agent decides `scope: global` rules from leases.
+//! * [`global`]: the seam through which an agent decides `scope: global` rules from leases;
+//! * [`process`]: off the decision path, a daemon's ready file and (feature `signal`) its stop
+//!   signal, shared by the agent and the allocator.
 //!
 //! No I/O, no async runtime, no floating point on the decision path.
 
@@ -34,6 +36,7 @@ pub mod global;
 pub mod keyed;
 pub mod limiter;
 pub mod name;
+pub mod process;
 pub mod units;
 
 pub use clock::{Clock, ManualClock, MonotonicClock};

@@ -9,11 +9,13 @@
 //!
 //! Google's well-known types (`google.protobuf.*`) map to [`prost_types`]. A failed allocator
 //! call carries its typed [`allot::v1::ErrorDetail`] in the status details, inside a
-//! `google.rpc.Status` ([`error_detail`]).
+//! `google.rpc.Status` ([`error_detail`]). A [`allot::v1::Member`] parses from `ID=HOST:PORT`
+//! ([`member`]).
 
 pub use prost_types;
 
 pub mod error_detail;
+pub mod member;
 pub mod rls_raw;
 
 /// `google.rpc`: the gRPC rich error model's [`google::rpc::Status`], the encoding of a failed

@@ -200,6 +200,28 @@ async fn await_ready(
     }
 }
 
+/// Probes every 50 ms until `probe` answers `Some`, and returns that answer; `None` once a probe
+/// has failed after `within` since `t0` (the deadline is checked after each probe, so the last
+/// probe may run past it). One deadline over many waits: pass them the same `t0`.
+async fn poll_until<T, Fut>(
+    t0: Instant,
+    within: Duration,
+    mut probe: impl FnMut() -> Fut,
+) -> Option<T>
+where
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    loop {
+        if let Some(answer) = probe().await {
+            return Some(answer);
+        }
+        if t0.elapsed() > within {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 fn log_file(dir: &Path, name: &str) -> Result<std::fs::File> {
     std::fs::create_dir_all(dir)?;
     std::fs::File::create(dir.join(format!("{name}.log")))
@@ -367,15 +389,10 @@ fn remove_if_present(path: &Path) -> Result<()> {
 pub fn assemble_policies(sources: &[PathBuf], into: &Path) -> Result<()> {
     std::fs::create_dir_all(into)?;
     for src in sources {
-        let files: Vec<PathBuf> = if src.is_dir() {
-            std::fs::read_dir(src)
-                .with_context(|| format!("reading {}", src.display()))?
-                .map(|e| e.map(|e| e.path()))
-                .collect::<std::io::Result<_>>()?
-        } else {
-            vec![src.clone()]
-        };
+        let files = allot_common::config::policy_paths(src)
+            .with_context(|| format!("reading {}", src.display()))?;
         for f in files {
+            // A source named as a file is taken only when it is a policy document.
             let yaml = matches!(f.extension().and_then(|e| e.to_str()), Some("yaml" | "yml"));
             let Some(name) = f.file_name().filter(|_| yaml) else {
                 continue;
@@ -555,19 +572,15 @@ impl Deployment {
         let t0 = Instant::now();
         for g in self.gateways.iter_mut() {
             let admin_file = PathBuf::from(&g.http);
-            g.http = loop {
-                if let Some(addr) = envoy_listener(&http, &admin_file).await {
-                    break addr;
-                }
-                if t0.elapsed() > READY_WITHIN {
-                    bail!(
-                        "envoy for {} not listening; see {}",
-                        g.agent,
-                        self.logs.display()
-                    );
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
+            let probe = || envoy_listener(&http, &admin_file);
+            let Some(addr) = poll_until(t0, READY_WITHIN, probe).await else {
+                bail!(
+                    "envoy for {} not listening; see {}",
+                    g.agent,
+                    self.logs.display()
+                );
             };
+            g.http = addr;
         }
         Ok(())
     }
@@ -616,24 +629,16 @@ impl Deployment {
             .build()?;
         let t0 = Instant::now();
         for a in &self.agents {
-            loop {
-                let ok = http
-                    .get(format!("http://{}/healthz", a.http))
-                    .send()
-                    .await
-                    .map(|r| r.status().is_success())
-                    .unwrap_or(false);
-                if ok {
-                    break;
-                }
-                if t0.elapsed() > within {
-                    bail!(
-                        "agent {} not healthy within {within:?}; see {}",
-                        a.id,
-                        self.logs.display()
-                    );
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
+            let probe = || async {
+                let r = http.get(format!("http://{}/healthz", a.http)).send().await;
+                r.is_ok_and(|r| r.status().is_success()).then_some(())
+            };
+            if poll_until(t0, within, probe).await.is_none() {
+                bail!(
+                    "agent {} not healthy within {within:?}; see {}",
+                    a.id,
+                    self.logs.display()
+                );
             }
         }
         Ok(())
@@ -667,15 +672,17 @@ impl Deployment {
             bail!("no allocator node {id}");
         };
         let t0 = Instant::now();
-        let mut c = allocator_client(&a.addr)?;
-        while c.cluster_status(pb::ClusterStatusRequest {}).await.is_err() {
-            if t0.elapsed() > within {
-                bail!(
-                    "allocator node {id} not answering within {within:?}; see {}",
-                    self.logs.display()
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+        let c = allocator_client(&a.addr)?;
+        let probe = || {
+            // A clone shares the channel; each probe needs a client of its own to call with.
+            let mut c = c.clone();
+            async move { c.cluster_status(pb::ClusterStatusRequest {}).await.ok() }
+        };
+        if poll_until(t0, within, probe).await.is_none() {
+            bail!(
+                "allocator node {id} not answering within {within:?}; see {}",
+                self.logs.display()
+            );
         }
         Ok(())
     }
@@ -713,49 +720,46 @@ impl Deployment {
     /// allocators (they flush). Returns the processes that did not exit cleanly.
     pub async fn shutdown(mut self) -> Vec<String> {
         let mut unclean = Vec::new();
-        for g in self.gateways.iter() {
-            if let Some(c) = &g.child {
-                terminate(c);
-            }
-        }
-        for g in self.gateways.iter_mut() {
-            if let Some(mut c) = g.child.take() {
-                match wait_exit(&mut c, Duration::from_secs(10)).await {
-                    Ok(s) if s.success() => {}
-                    Ok(s) => unclean.push(format!("envoy for {} exited with {s}", g.agent)),
-                    Err(e) => unclean.push(format!("envoy for {}: {e}", g.agent)),
-                }
-            }
-        }
-        for a in self.agents.iter() {
-            if let Some(c) = &a.child {
-                terminate(c);
-            }
-        }
-        for a in self.agents.iter_mut() {
-            if let Some(mut c) = a.child.take() {
-                match wait_exit(&mut c, Duration::from_secs(10)).await {
-                    Ok(s) if s.success() => {}
-                    Ok(s) => unclean.push(format!("agent {} exited with {s}", a.id)),
-                    Err(e) => unclean.push(format!("agent {}: {e}", a.id)),
-                }
-            }
-        }
-        for a in self.allocators.iter() {
-            if let Some(c) = &a.child {
-                terminate(c);
-            }
-        }
-        for a in self.allocators.iter_mut() {
-            if let Some(mut c) = a.child.take() {
-                match wait_exit(&mut c, Duration::from_secs(10)).await {
-                    Ok(s) if s.success() => {}
-                    Ok(s) => unclean.push(format!("allocator {} exited with {s}", a.id)),
-                    Err(e) => unclean.push(format!("allocator {}: {e}", a.id)),
-                }
-            }
-        }
+        let gateways = self
+            .gateways
+            .iter_mut()
+            .map(|g| (format!("envoy for {}", g.agent), &mut g.child));
+        stop_group(gateways, &mut unclean).await;
+        let agents = self
+            .agents
+            .iter_mut()
+            .map(|a| (format!("agent {}", a.id), &mut a.child));
+        stop_group(agents, &mut unclean).await;
+        let allocators = self
+            .allocators
+            .iter_mut()
+            .map(|a| (format!("allocator {}", a.id), &mut a.child));
+        stop_group(allocators, &mut unclean).await;
         unclean
+    }
+}
+
+/// Stops one group of processes, each named for the report: SIGTERM to all of them first, so
+/// they wind down together, then a bounded wait for each. Every process that did not exit
+/// cleanly is appended to `unclean` as "NAME exited with STATUS" or "NAME: ERROR".
+async fn stop_group<'a>(
+    group: impl Iterator<Item = (String, &'a mut Option<Child>)>,
+    unclean: &mut Vec<String>,
+) {
+    let mut group: Vec<_> = group.collect();
+    for (_, child) in &group {
+        if let Some(c) = child.as_ref() {
+            terminate(c);
+        }
+    }
+    for (who, child) in &mut group {
+        if let Some(mut c) = child.take() {
+            match wait_exit(&mut c, Duration::from_secs(10)).await {
+                Ok(s) if s.success() => {}
+                Ok(s) => unclean.push(format!("{who} exited with {s}")),
+                Err(e) => unclean.push(format!("{who}: {e}")),
+            }
+        }
     }
 }
 

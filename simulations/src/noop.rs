@@ -52,10 +52,8 @@ pub async fn spawn() -> anyhow::Result<String> {
 pub async fn serve(listen: &str, ready_file: Option<&std::path::Path>) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(listen).await?;
     if let Some(path) = ready_file {
-        let mut tmp = path.as_os_str().to_owned();
-        tmp.push(".tmp");
-        std::fs::write(&tmp, format!("grpc {}\n", listener.local_addr()?))?;
-        std::fs::rename(&tmp, path)?;
+        let text = format!("grpc {}\n", listener.local_addr()?);
+        allot_common::process::write_ready_file(path, &text)?;
     }
     serve_on(listener).await
 }

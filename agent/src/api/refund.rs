@@ -43,7 +43,7 @@ pub fn settle_charges(
             };
             let current = dom
                 .config
-                .match_rule(d.entries.iter().map(|e| (e.key, e.value)))
+                .match_entries(d.entries)
                 .and_then(|ri| dom.config.rules.get(ri));
             match current {
                 Some(rule) if same_charge(charged, rule) => micros,

@@ -354,6 +354,13 @@ impl HeldAllocation {
     }
 }
 
+/// Σ [`remaining`](HeldAllocation::remaining) over `allocs` at `now`: what a key holding them
+/// can still spend, below the emergency reserves (the `remaining` of a decision's answer).
+#[inline]
+pub fn total_remaining(allocs: &[std::sync::Arc<HeldAllocation>], now: Nanos) -> Micros {
+    allocs.iter().map(|a| a.remaining(now)).sum()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use allot_common::config::ConfigSet;
+use allot_common::config::{policy_paths, ConfigSet};
 use tokio::task::JoinHandle;
 
 use crate::ledger::{Command, Ledger, LedgerError, Response};
@@ -59,22 +59,7 @@ pub fn load_policy_files(dir: &Path) -> Result<Vec<PolicyFile>, PolicyFilesError
         let path = path.to_path_buf();
         move |source| PolicyFilesError::Io { path, source }
     };
-    let mut paths = Vec::new();
-    if std::fs::metadata(dir).map_err(io(dir))?.is_dir() {
-        for entry in std::fs::read_dir(dir).map_err(io(dir))? {
-            let p = entry.map_err(io(dir))?.path();
-            let yaml = matches!(
-                p.extension().and_then(|e| e.to_str()),
-                Some("yaml") | Some("yml")
-            );
-            if yaml && p.is_file() {
-                paths.push(p);
-            }
-        }
-        paths.sort();
-    } else {
-        paths.push(dir.to_path_buf());
-    }
+    let paths = policy_paths(dir).map_err(io(dir))?;
     let mut files: Vec<PolicyFile> = Vec::with_capacity(paths.len());
     for path in paths {
         let yaml = std::fs::read_to_string(&path).map_err(io(&path))?;

@@ -306,7 +306,7 @@ impl Ledger {
                 domain: key.domain.clone(),
             })?;
         let ri = d
-            .match_rule(entries.iter().map(|e| (e.key, e.value)))
+            .match_entries(&entries)
             .ok_or_else(|| LedgerError::NoMatchingLimit {
                 domain: key.domain.clone(),
             })?;

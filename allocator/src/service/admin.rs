@@ -3,10 +3,8 @@
 //! membership and status.
 
 use super::convert::{self, table_usage};
-use super::deadline::deadline_of;
-use super::errors::{not_leader, unexpected};
-use super::forward::{forward_request, forwarded};
-use super::AllocatorService;
+use super::errors::not_leader;
+use super::{AllocatorService, Client};
 use crate::ledger::{Command, Response as LResp};
 use crate::raft::ClientError;
 use allot_proto::allot::v1 as pb;
@@ -19,26 +17,22 @@ impl AllocatorService {
         &self,
         req: Request<pb::PutPolicyRequest>,
     ) -> Result<Response<pb::PutPolicyResponse>, Status> {
-        let (fwd, deadline) = (forwarded(&req), deadline_of(&req));
-        let body = req.get_ref().clone();
-        let cmd = Command::PutPolicy {
-            yaml: body.yaml.clone(),
-            expected_version: body.expected_version,
-            request_id: body.request_id.clone(),
-        };
-        match self
-            .write(fwd, deadline, cmd, |mut c| async move {
-                c.put_policy(forward_request(body, deadline)).await
+        let command = |b: pb::PutPolicyRequest| {
+            Some(Command::PutPolicy {
+                yaml: b.yaml,
+                expected_version: b.expected_version,
+                request_id: b.request_id,
             })
-            .await?
-        {
-            Ok(LResp::PolicyPut { domain, version }) => Ok(Response::new(pb::PutPolicyResponse {
+        };
+        let forward = |mut c: Client, r| async move { c.put_policy(r).await };
+        let answer = |r| match r {
+            LResp::PolicyPut { domain, version } => Ok(pb::PutPolicyResponse {
                 policy: domain,
                 version,
-            })),
-            Ok(other) => Err(unexpected(other)),
-            Err(f) => Ok(f),
-        }
+            }),
+            other => Err(other),
+        };
+        self.unary_write(req, command, forward, answer).await
     }
 
     /// SetShares: set a policy's regional shares (versioned handoff, design §5).
@@ -46,27 +40,22 @@ impl AllocatorService {
         &self,
         req: Request<pb::SetSharesRequest>,
     ) -> Result<Response<pb::SetSharesResponse>, Status> {
-        let (fwd, deadline) = (forwarded(&req), deadline_of(&req));
-        let body = req.get_ref().clone();
-        let shares = convert::shares(&body.shares)?;
-        let cmd = Command::SetShares {
-            policy: body.policy.clone(),
-            shares,
-            config_version: body.config_version,
-            request_id: body.request_id.clone(),
-        };
-        match self
-            .write(fwd, deadline, cmd, |mut c| async move {
-                c.set_shares(forward_request(body, deadline)).await
+        // Checked before anything is committed or forwarded: a bad share is the caller's error.
+        let shares = convert::shares(&req.get_ref().shares)?;
+        let command = |b: pb::SetSharesRequest| {
+            Some(Command::SetShares {
+                policy: b.policy,
+                shares,
+                config_version: b.config_version,
+                request_id: b.request_id,
             })
-            .await?
-        {
-            Ok(LResp::SharesSet { config_version }) => {
-                Ok(Response::new(pb::SetSharesResponse { config_version }))
-            }
-            Ok(other) => Err(unexpected(other)),
-            Err(f) => Ok(f),
-        }
+        };
+        let forward = |mut c: Client, r| async move { c.set_shares(r).await };
+        let answer = |r| match r {
+            LResp::SharesSet { config_version } => Ok(pb::SetSharesResponse { config_version }),
+            other => Err(other),
+        };
+        self.unary_write(req, command, forward, answer).await
     }
 
     /// ClusterInit: initialise the Raft cluster with its first members.

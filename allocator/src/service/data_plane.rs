@@ -4,21 +4,14 @@
 
 use super::convert::{self, item_command, item_result, policy_key, region_status};
 use super::deadline::deadline_of;
-use super::errors::{
-    commit_detail, commit_status, detail, ledger_error, ledger_status, unexpected,
-};
+use super::errors::{commit_detail, commit_status, detail, ledger_error, ledger_status};
 use super::forward::{forward_request, forwarded};
-use super::AllocatorService;
+use super::{AllocatorService, Client};
 use crate::ledger::{Command, LedgerError, Response as LResp};
 use crate::raft::{ClientError, CommitError};
 use allot_proto::allot::v1 as pb;
-use allot_proto::allot::v1::allocator_client::AllocatorClient;
 use tokio::time::Instant;
-use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
-
-/// A client of another allocator node (the leader a follower forwards to).
-type Client = AllocatorClient<Channel>;
 
 /// Most items in one `Batch` call; a larger call is INVALID_ARGUMENT.
 pub const MAX_BATCH_ITEMS: usize = 4_096;
@@ -76,35 +69,6 @@ impl AllocatorService {
         .await
     }
 
-    /// One unary write: `command` of the request's body committed through Raft and its ledger
-    /// response turned into the answer by `answer`, or, on a follower, the body sent on to the
-    /// leader by `forward` (with the caller's deadline) and the leader's answer returned.
-    ///
-    /// # Errors
-    /// INVALID_ARGUMENT when the body has no key (`command` gives `None`); the commit's or the
-    /// ledger's status otherwise.
-    async fn unary_write<B, T, Fut>(
-        &self,
-        req: Request<B>,
-        command: impl FnOnce(B) -> Option<Command>,
-        forward: impl FnOnce(Client, Request<B>) -> Fut,
-        answer: impl FnOnce(LResp) -> Result<T, LResp>,
-    ) -> Result<Response<T>, Status>
-    where
-        B: Clone,
-        Fut: std::future::Future<Output = Result<Response<T>, Status>>,
-    {
-        let (fwd, deadline) = (forwarded(&req), deadline_of(&req));
-        let body = req.into_inner();
-        let cmd =
-            command(body.clone()).ok_or_else(|| Status::invalid_argument("key is required"))?;
-        let to_leader = |c| forward(c, forward_request(body, deadline));
-        match self.write(fwd, deadline, cmd, to_leader).await? {
-            Ok(r) => answer(r).map(Response::new).map_err(unexpected),
-            Err(forwarded) => Ok(forwarded),
-        }
-    }
-
     /// Batch: many lease items of one agent in one call and one group commit.
     pub(super) async fn serve_batch(
         &self,
@@ -128,9 +92,8 @@ impl AllocatorService {
                 leader_id,
                 leader_addr,
             }) => {
-                let status = |mut c: AllocatorClient<Channel>| async move {
-                    c.status(forward_request(body, None)).await
-                };
+                let status =
+                    |mut c: Client| async move { c.status(forward_request(body, None)).await };
                 return self.forward(fwd, leader_id, leader_addr, status).await;
             }
             // A stopped node or a leader without a quorum must not answer from a state that
@@ -175,9 +138,8 @@ impl AllocatorService {
                 leader_id,
                 leader_addr,
             })) => {
-                let fwd = |mut c: AllocatorClient<Channel>| async move {
-                    c.batch(forward_request(body, deadline)).await
-                };
+                let fwd =
+                    |mut c: Client| async move { c.batch(forward_request(body, deadline)).await };
                 return self.forward(forwarded, leader_id, leader_addr, fwd).await;
             }
             // Nothing was applied: every valid item carries the reason.

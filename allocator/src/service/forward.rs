@@ -4,12 +4,11 @@
 //! (`errors::not_leader`).
 
 use super::errors::not_leader;
-use super::AllocatorService;
+use super::{AllocatorService, Client};
 use allot_proto::allot::v1::allocator_client::AllocatorClient;
 use std::future::Future;
 use std::time::Duration;
 use tokio::time::Instant;
-use tonic::transport::Channel;
 use tonic::{Code, Request, Response, Status};
 
 /// Metadata header set on a call a follower forwarded to the leader.
@@ -20,7 +19,7 @@ const FORWARD_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl AllocatorService {
     /// A client of the node at `addr`, its channel kept for the next calls.
-    fn client(&self, addr: &str) -> Result<AllocatorClient<Channel>, Status> {
+    fn client(&self, addr: &str) -> Result<Client, Status> {
         let mut m = self.channels.lock();
         if let Some(c) = m.get(addr) {
             return Ok(AllocatorClient::new(c.clone()));
@@ -42,7 +41,7 @@ impl AllocatorService {
         forward: F,
     ) -> Result<Response<T>, Status>
     where
-        F: FnOnce(AllocatorClient<Channel>) -> Fut,
+        F: FnOnce(Client) -> Fut,
         Fut: Future<Output = Result<Response<T>, Status>>,
     {
         let leader_addr = leader_addr.filter(|a| !a.is_empty());

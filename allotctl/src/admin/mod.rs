@@ -49,7 +49,7 @@ pub enum ClusterCommand {
         #[command(flatten)]
         target: Target,
         /// A voter, ID=HOST:PORT; repeat for each.
-        #[arg(long = "member", value_parser = parse::member, required = true)]
+        #[arg(long = "member", required = true)]
         members: Vec<pb::Member>,
     },
     /// Add a non-voting member that replicates the log (returns once it has caught up).
@@ -57,7 +57,7 @@ pub enum ClusterCommand {
         #[command(flatten)]
         target: Target,
         /// The new node, ID=HOST:PORT.
-        #[arg(long, value_parser = parse::member)]
+        #[arg(long)]
         member: pb::Member,
     },
     /// Replace the set of voters (each must already be a member, e.g. a learner).

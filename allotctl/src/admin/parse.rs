@@ -1,26 +1,8 @@
-//! Parsers of the admin commands' arguments: `ID=ADDR` members, `REGION=SHARE` shares and
-//! `KEY=VALUE` descriptor entries. Errors are messages naming the bad input.
+//! Parsers of the admin commands' arguments: `REGION=SHARE` shares and `KEY=VALUE` descriptor
+//! entries (an `ID=HOST:PORT` member parses with its `FromStr`, in `allot_proto::member`).
+//! Errors are messages naming the bad input.
 
 use allot_proto::allot::v1 as pb;
-
-/// `ID=HOST:PORT` → a cluster member.
-pub fn member(s: &str) -> Result<pb::Member, String> {
-    let (id, addr) = s
-        .split_once('=')
-        .ok_or_else(|| format!("expected ID=HOST:PORT, got {s:?}"))?;
-    let node_id = id
-        .trim()
-        .parse::<u64>()
-        .map_err(|_| format!("node id {id:?} is not a whole number"))?;
-    let addr = addr.trim();
-    if addr.is_empty() {
-        return Err(format!("member {node_id} has no address"));
-    }
-    Ok(pb::Member {
-        node_id,
-        addr: addr.to_string(),
-    })
-}
 
 /// `KEY=VALUE` → a descriptor entry.
 pub fn entry(s: &str) -> Result<pb::DescriptorEntry, String> {
@@ -114,14 +96,14 @@ mod tests {
     #[test]
     fn members_and_entries_parse() {
         assert_eq!(
-            member("2=127.0.0.1:7702"),
+            "2=127.0.0.1:7702".parse::<pb::Member>(),
             Ok(pb::Member {
                 node_id: 2,
                 addr: "127.0.0.1:7702".into()
             })
         );
-        assert!(member("x=a:1").is_err());
-        assert!(member("1=").is_err());
+        assert!("x=a:1".parse::<pb::Member>().is_err());
+        assert!("1=".parse::<pb::Member>().is_err());
         assert_eq!(entry("tenant=acme").map(|e| e.value), Ok("acme".into()));
         assert_eq!(entry("tenant=").map(|e| e.value), Ok(String::new()));
         assert!(entry("=x").is_err());

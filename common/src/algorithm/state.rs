@@ -111,13 +111,21 @@ impl LimitParams {
         }
     }
 
+    /// Makes `state` one of this algorithm's: a state of another algorithm (the rule changed
+    /// algorithm) is replaced by a fresh one at `now`, so the dispatch below always pairs
+    /// parameters with their own state. A state of the right kind is left untouched.
+    #[inline]
+    fn adopt(&self, state: &mut LimitState, now: Nanos) {
+        if self.kind() != state.kind() {
+            *state = self.initial_state(now);
+        }
+    }
+
     /// [`RateAlgorithm::check`] on whichever algorithm these parameters select. A state of
     /// another algorithm is replaced by a fresh one first.
     #[inline]
     pub fn check(&self, state: &mut LimitState, now: Nanos, cost: Micros) -> Decision {
-        if self.kind() != state.kind() {
-            *state = self.initial_state(now);
-        }
+        self.adopt(state, now);
         dispatch!(
             self,
             state,
@@ -130,9 +138,7 @@ impl LimitParams {
     /// parameters select; a state of another algorithm is replaced by a fresh one first.
     #[inline]
     pub fn decide(&self, state: &mut LimitState, now: Nanos, cost: Micros) -> Decision {
-        if self.kind() != state.kind() {
-            *state = self.initial_state(now);
-        }
+        self.adopt(state, now);
         dispatch!(
             self,
             state,

@@ -37,6 +37,7 @@ mod validate;
 pub use error::ConfigError;
 
 use crate::algorithm::LimitParams;
+use crate::descriptor::Entry;
 use crate::name::NameIndex;
 use crate::units::{Micros, NANOS_PER_SEC};
 use hashbrown::HashMap;
@@ -302,6 +303,39 @@ impl DomainConfig {
         }
         self.nodes[node].rule
     }
+
+    /// [`match_rule`](Self::match_rule) on a request descriptor's entries, the form every
+    /// decision and refund path holds them in.
+    #[inline]
+    pub fn match_entries(&self, entries: &[Entry<'_>]) -> Option<usize> {
+        self.match_rule(entries.iter().map(|e| (e.key, e.value)))
+    }
+}
+
+/// The policy documents at `path`: every `*.yaml` / `*.yml` file of a folder (subfolders are
+/// not read), sorted by name so domains load in the same order everywhere; or `path` itself when
+/// it is not a folder, whatever its name. The one rule by which the agent, the allocator and the
+/// tools find policy files; an empty list (a folder without one) is for the caller to judge.
+///
+/// # Errors
+/// The I/O error of reading `path` or listing the folder.
+pub fn policy_paths(path: &Path) -> std::io::Result<Vec<PathBuf>> {
+    if !std::fs::metadata(path)?.is_dir() {
+        return Ok(vec![path.to_path_buf()]);
+    }
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(path)? {
+        let p = entry?.path();
+        let yaml = matches!(
+            p.extension().and_then(|e| e.to_str()),
+            Some("yaml") | Some("yml")
+        );
+        if yaml && p.is_file() {
+            files.push(p);
+        }
+    }
+    files.sort();
+    Ok(files)
 }
 
 /// A validated set of domains: what a limiter decides with.
@@ -317,40 +351,15 @@ impl ConfigSet {
     /// [`ConfigError`] naming the file, the field path and the bad value, for unreadable files,
     /// YAML syntax errors, unknown fields, invalid values, or a domain defined twice.
     pub fn load(path: &Path) -> Result<ConfigSet, ConfigError> {
-        let meta = std::fs::metadata(path).map_err(|e| ConfigError::Io {
+        let files = policy_paths(path).map_err(|e| ConfigError::Io {
             file: path.to_path_buf(),
             message: e.to_string(),
         })?;
-        let files = if meta.is_dir() {
-            let mut files = Vec::new();
-            let rd = std::fs::read_dir(path).map_err(|e| ConfigError::Io {
-                file: path.to_path_buf(),
-                message: e.to_string(),
-            })?;
-            for entry in rd {
-                let entry = entry.map_err(|e| ConfigError::Io {
-                    file: path.to_path_buf(),
-                    message: e.to_string(),
-                })?;
-                let p = entry.path();
-                let yaml = matches!(
-                    p.extension().and_then(|e| e.to_str()),
-                    Some("yaml") | Some("yml")
-                );
-                if yaml && p.is_file() {
-                    files.push(p);
-                }
-            }
-            files.sort();
-            if files.is_empty() {
-                return Err(ConfigError::Empty {
-                    dir: path.to_path_buf(),
-                });
-            }
-            files
-        } else {
-            vec![path.to_path_buf()]
-        };
+        if files.is_empty() {
+            return Err(ConfigError::Empty {
+                dir: path.to_path_buf(),
+            });
+        }
         let mut set = ConfigSet::default();
         for file in files {
             let text = std::fs::read_to_string(&file).map_err(|e| ConfigError::Io {

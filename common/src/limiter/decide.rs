@@ -190,10 +190,7 @@ impl Snapshot {
         let mut items = PerItem::new();
         for (i, d) in req.descriptors.iter().enumerate() {
             let entries = d.entries;
-            let matched = dom
-                .config
-                .match_rule(entries.iter().map(|e| (e.key, e.value)));
-            let Some(ri) = matched else {
+            let Some(ri) = dom.config.match_entries(entries) else {
                 items.push(Target::NoRule);
                 continue;
             };

@@ -31,10 +31,7 @@ impl Snapshot {
             if micros == 0 {
                 continue;
             }
-            let Some(ri) = dom
-                .config
-                .match_rule(d.entries.iter().map(|e| (e.key, e.value)))
-            else {
+            let Some(ri) = dom.config.match_entries(d.entries) else {
                 continue;
             };
             let rule = &dom.config.rules[ri];

@@ -26,10 +26,7 @@ pub(super) fn decide_one<G: GlobalLimits>(
 ) -> Option<Outcome> {
     let ok = Outcome::ok(snap.version);
     let entries = req.descriptors[0].entries;
-    let Some(ri) = dom
-        .config
-        .match_rule(entries.iter().map(|e| (e.key, e.value)))
-    else {
+    let Some(ri) = dom.config.match_entries(entries) else {
         statuses.push(DescriptorStatus::unlimited(Reason::NoRule, None));
         return Some(ok);
     };

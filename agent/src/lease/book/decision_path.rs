@@ -24,7 +24,7 @@
 //!    concurrency slots by request id, and records metrics) to the adapter, which answers.
 
 use super::{ms, KeyLease, LeaseBook, LeaseReservation, LeaseTables};
-use crate::lease::allocation::HeldAllocation;
+use crate::lease::allocation::{total_remaining, HeldAllocation};
 use crate::lease::key_rule::KeyRule;
 use crate::lease::protocol::Standing;
 use allot_common::algorithm::{LimitParams, RateAlgorithm};
@@ -114,7 +114,7 @@ impl LeaseBook {
         let v = &kl.value;
         v.admitted.fetch_add(cost, Ordering::Relaxed);
         self.counters.leased_admits.fetch_add(1, Ordering::Relaxed);
-        let remaining: Micros = allocs.iter().map(|a| a.remaining(now)).sum();
+        let remaining = total_remaining(allocs, now);
         // Below the watermark the key renews at the next maintenance pass, in that pass's one
         // `Batch` (issue 9: one Raft entry per agent per tick); it asks now only when what is
         // left will not last until then. A key whose rate still accrues renews at the pass
@@ -179,7 +179,7 @@ impl LeaseBook {
                 return self.admitted(kl, rule, &allocs, a, cost, now, mode, fused);
             }
         } else if allocs.iter().any(|a| a.remaining(now) >= cost) {
-            let remaining: Micros = allocs.iter().map(|a| a.remaining(now)).sum();
+            let remaining = total_remaining(&allocs, now);
             return GlobalDecision {
                 decision: allowed(remaining, &rule.params),
                 reservation: None,
@@ -203,7 +203,7 @@ impl LeaseBook {
             // Not admitted after all: the fuse gets its token back.
             self.refund_fuse(v, cost);
         }
-        let remaining: Micros = allocs.iter().map(|a| a.remaining(now)).sum();
+        let remaining = total_remaining(&allocs, now);
         self.nothing_held(kl, rule, remaining, cost, now, take)
     }
 

@@ -1,7 +1,7 @@
 //! A policy key's lease state: its allocations, where it stands with the allocator, and its
 //! demand.
 
-use crate::lease::allocation::HeldAllocation;
+use crate::lease::allocation::{total_remaining, HeldAllocation};
 use crate::lease::demand::DemandWindow;
 use crate::lease::key_rule::{FollowingBucket, KeyRule, LeaseSizing};
 use crate::lease::protocol::KeyProtocol;
@@ -62,7 +62,7 @@ impl KeyLease {
 
     /// Microtokens this agent can still spend for the key at `now`.
     pub fn remaining(&self, now: Nanos) -> Micros {
-        self.allocations().iter().map(|a| a.remaining(now)).sum()
+        total_remaining(&self.allocations(), now)
     }
 
     /// Σ(granted − reported) over held allocations (seed §23).
