@@ -287,6 +287,7 @@ async fn unary_client(
         let t1 = Instant::now();
         let r = c
             .report(pb::ReportRequest {
+                incarnation: 0,
                 allocation_id: grant.allocation_id,
                 epoch: grant.epoch,
                 cumulative_spend: grant.granted / 2,
@@ -314,6 +315,7 @@ fn batch_items(n: usize, seq: u64, k: usize, grants: &[pb::Grant]) -> Vec<pb::Ba
     }
     for g in grants.iter().take(k - decides) {
         items.push(Op::Report(pb::ReportRequest {
+            incarnation: 0,
             allocation_id: g.allocation_id,
             epoch: g.epoch,
             cumulative_spend: g.granted / 2,

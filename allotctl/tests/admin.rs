@@ -230,6 +230,7 @@ async fn admin_commands_drive_a_cluster() {
         panic!("expected a grant: {r:?}");
     };
     c.report(pb::ReportRequest {
+        incarnation: 0,
         allocation_id: g.allocation_id,
         epoch: g.epoch,
         cumulative_spend: 1_500_000,

@@ -73,7 +73,14 @@ fn seeds_that_once_failed_stay_fixed() {
     // the crash and stamped real time again, so ledger time jumped 2.4 s at once and expired
     // allocations their holders could still spend for a lease (`ended-behind-holder`). The
     // anchor now starts afresh at each leader term.
-    for seed in [12, 80, 115] {
+    //
+    // Seeds 35 and 791 (and 7), a production bug (issue 12): after a state loss the recreated
+    // ledger counted allocation ids from 1 again, so an agent's Release of the lost cluster's
+    // allocation 9 ended the new allocation 9 of the same holder (`ended-behind-holder`), and
+    // an old Report was recorded against a new allocation (`stale-report-accepted`); seed 7
+    // admitted beyond the bound after its state loss. Grants now carry the ledger's
+    // incarnation, and a Report or Release of another incarnation is refused (design §3, §4).
+    for seed in [12, 80, 115, 35, 791, 7] {
         let r = run(seed, &SimConfig::default()).expect("run");
         assert!(
             r.violations.is_empty(),

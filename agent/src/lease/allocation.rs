@@ -38,6 +38,11 @@ pub struct HeldAllocation {
     pub id: u64,
     /// Its epoch (fencing token for reports).
     pub epoch: u64,
+    /// Incarnation of the allocator's ledger that granted it (0: not told): sent back with
+    /// every report and release, so an allocator recreated empty after losing its state, whose
+    /// ids start again at 1, refuses them instead of applying them to its own allocation of the
+    /// same id (design §3).
+    pub incarnation: u64,
     /// Most microtokens it may ever spend (at most [`MAX_HELD_GRANT`]): the base, plus what
     /// its rate can accrue until the local deadline (design §9).
     pub granted: Micros,
@@ -89,6 +94,7 @@ impl HeldAllocation {
         HeldAllocation {
             id,
             epoch,
+            incarnation: 0,
             granted,
             base: granted,
             rate_per_s: 0,
@@ -113,6 +119,12 @@ impl HeldAllocation {
         self.accrual_start = start;
         let most = accrued(rate_per_s, self.deadline.saturating_sub(start)).min(promised);
         self.granted = self.base.saturating_add(most).min(MAX_HELD_GRANT);
+        self
+    }
+
+    /// The same allocation, granted by the ledger incarnation `incarnation`.
+    pub fn with_incarnation(mut self, incarnation: u64) -> Self {
+        self.incarnation = incarnation;
         self
     }
 

@@ -299,6 +299,7 @@ impl LeaseManager {
                     epoch: a.epoch,
                     cumulative_spend: a.spend_to_report(),
                     holder: s.agent_id.clone(),
+                    incarnation: a.incarnation,
                 })
             }
             Pending::Release(_, a) => {
@@ -310,6 +311,7 @@ impl LeaseManager {
                     epoch: a.epoch,
                     final_spend: a.close(),
                     holder: s.agent_id.clone(),
+                    incarnation: a.incarnation,
                 })
             }
             Pending::Decide(kl, cost, _) => {
@@ -547,6 +549,7 @@ fn applied_acquire(
                 g.expires_at_unix_ms,
                 g.policy_version,
             )
+            .with_incarnation(g.incarnation)
             .with_rate(g.rate_per_s, now, g.promised)
             .with_reserve(v.sizing.emergency_reserve(g.granted, s.emergency_ppm));
             // Grants are whole tokens: only a grant below the whole tokens asked is short.

@@ -102,6 +102,10 @@ async fn promotion_and_demotion_follow_demand_with_hysteresis() {
     let releases = s.fake.releases.load(Ordering::SeqCst);
     s.rig.clock.advance(1_000 * MS);
     assert!(eventually(10, || s.fake.releases.load(Ordering::SeqCst) > releases).await);
+    // The release sends back the incarnation its grant carried (design §3).
+    let seen = s.fake.incarnations.lock().unwrap().clone();
+    assert!(!seen.is_empty());
+    assert!(seen.iter().all(|&i| i == FAKE_INCARNATION), "{seen:?}");
     assert_eq!(c.demotions.load(Ordering::SeqCst), 0, "3 ≥ D: kept");
     // A period with 1 token: demoted.
     assert_eq!(decide(g, "hot").await, Code::Ok);

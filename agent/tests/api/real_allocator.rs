@@ -1158,6 +1158,7 @@ async fn stale_epochs_and_foreign_holders_are_classified_as_such_by_the_agent() 
         panic!("expected a grant, got {granted:?}");
     };
     let report = |epoch: u64, holder: &str| pb::ReportRequest {
+        incarnation: 0,
         allocation_id: g.allocation_id,
         epoch,
         holder: holder.into(),
@@ -1242,6 +1243,7 @@ async fn stale_epochs_and_foreign_holders_are_classified_as_such_by_the_agent() 
 
     // Released: a later report reads as ended, and how.
     let release = pb::ReleaseRequest {
+        incarnation: 0,
         allocation_id: g.allocation_id,
         epoch: g.epoch,
         holder: "gw-1".into(),

@@ -163,6 +163,9 @@ pub fn desc(entries: &[(&str, &str)], hits: Option<u64>) -> pb::RequestDescripto
     }
 }
 
+/// The ledger incarnation every grant of [`FakeAllocator`] carries.
+pub const FAKE_INCARNATION: u64 = 1_700_000_000_123;
+
 /// A fake `allot.v1.Allocator`: grants from one pool of tokens, at most `want` each time.
 #[derive(Debug, Clone)]
 pub struct FakeAllocator {
@@ -189,6 +192,8 @@ pub struct FakeAllocator {
     pub batches: Arc<AtomicU64>,
     /// Decide items and calls answered (served or not).
     pub decides: Arc<AtomicU64>,
+    /// The `incarnation` of every Report and Release, in arrival order.
+    pub incarnations: Arc<Mutex<Vec<u64>>>,
     next_id: Arc<AtomicU64>,
 }
 
@@ -208,6 +213,7 @@ impl FakeAllocator {
             serve_batch: Arc::default(),
             serve_decide: Arc::default(),
             batches: Arc::default(),
+            incarnations: Arc::default(),
             decides: Arc::default(),
             next_id: Arc::new(AtomicU64::new(1)),
         }
@@ -289,6 +295,7 @@ impl Allocator for FakeAllocator {
                 expires_at_unix_ms: 0,
                 ttl_ms: self.ttl_ms,
                 policy_version: 1,
+                incarnation: FAKE_INCARNATION,
                 ..Default::default()
             })
         };
@@ -303,6 +310,10 @@ impl Allocator for FakeAllocator {
     ) -> Result<Response<pb::ReportResponse>, Status> {
         self.check_up()?;
         self.reports.fetch_add(1, Ordering::Relaxed);
+        self.incarnations
+            .lock()
+            .unwrap()
+            .push(r.get_ref().incarnation);
         Ok(Response::new(pb::ReportResponse {
             recorded_spend: r.get_ref().cumulative_spend,
             expires_at_unix_ms: 0,
@@ -315,6 +326,10 @@ impl Allocator for FakeAllocator {
     ) -> Result<Response<pb::ReleaseResponse>, Status> {
         self.check_up()?;
         self.releases.fetch_add(1, Ordering::Relaxed);
+        self.incarnations
+            .lock()
+            .unwrap()
+            .push(r.get_ref().incarnation);
         self.released_spend
             .fetch_add(r.get_ref().final_spend, Ordering::Relaxed);
         Ok(Response::new(pb::ReleaseResponse { returned: 0 }))

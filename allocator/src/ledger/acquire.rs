@@ -265,6 +265,7 @@ impl Ledger {
             policy_version: t.version,
             rate_per_s: rate.per_s,
             promised: rate.promised,
+            incarnation: self.incarnation(),
         }))
     }
 

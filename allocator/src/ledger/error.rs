@@ -186,6 +186,20 @@ pub enum LedgerError {
         /// The reused id.
         request_id: String,
     },
+    /// The allocation was granted by another incarnation of the ledger (one whose state was
+    /// lost): the caller's view is stale, whatever the id (design §3). Last, so
+    /// snapshots written before it still decode (bincode numbers variants by position).
+    #[error(
+        "allocation {id} was granted in incarnation {got}, the ledger is incarnation {have}: stale"
+    )]
+    StaleIncarnation {
+        /// Allocation id.
+        id: u64,
+        /// The ledger's incarnation.
+        have: u64,
+        /// The incarnation the caller sent.
+        got: u64,
+    },
 }
 
 /// How an allocation ended.

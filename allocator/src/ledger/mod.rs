@@ -8,10 +8,13 @@
 //!   region's bucket and the calendar quota) when it is made, and unspent tokens come back only
 //!   when the final spend is known (release), never above capacity;
 //! * an expired allocation's unreported tokens stay spent (stranded quota);
-//! * allocation ids are never reused; an allocation's epoch is its id, so epochs strictly
-//!   increase per policy + region + holder without a table that grows with every holder;
-//! * a report or release with a stale id or epoch, or from another holder, is refused and
-//!   changes nothing;
+//! * allocation ids are never reused within an incarnation of the ledger; an allocation's epoch
+//!   is its id, so epochs strictly increase per policy + region + holder without a table that
+//!   grows with every holder. A ledger recreated empty after its state was lost counts ids from
+//!   1 again, but under another incarnation ([`Ledger::incarnation`]): the pair (incarnation,
+//!   id) is never reused;
+//! * a report or release with a stale id, epoch or incarnation, or from another holder, is
+//!   refused and changes nothing;
 //! * ended allocations are kept for a bounded time and number ([`ENDED_RETENTION_MS`],
 //!   [`MAX_ENDED_KEPT`]) so a retried release gets its same answer; after that any id up to the
 //!   last one granted answers "ended" and a larger one "not found", deterministically;
@@ -67,6 +70,11 @@ pub const MAX_REMEMBERED_REQUESTS: usize = 100_000;
 pub const ENDED_RETENTION_MS: u64 = REQUEST_RETENTION_MS;
 /// Most ended allocations remembered; the oldest are forgotten first.
 pub const MAX_ENDED_KEPT: usize = 100_000;
+
+/// Stored incarnation of a ledger restored from a snapshot written before incarnations existed
+/// (see [`Ledger::restore_incarnation`]): it grants with incarnation 0 and fences nothing by
+/// incarnation, as before.
+const LEGACY_INCARNATION: u64 = u64::MAX;
 
 /// (rule id, canonical descriptor key).
 type KeyId = (String, Vec<u8>);
@@ -269,6 +277,13 @@ pub struct Ledger {
     /// Refusal and eviction counters per capped table: node-local metrics, not replicated.
     #[serde(skip)]
     stats: tables::TableStats,
+    /// Which life of the ledger this is: the stamp (Unix ms) of the first command it applied,
+    /// 0 before that, [`LEGACY_INCARNATION`] when restored from a snapshot without one. Every
+    /// replica applies the same first entry, so all agree. Not serialised with the rest:
+    /// snapshots carry it after the ledger's bytes (`raft::ledger_app`), so snapshots written
+    /// before it still decode.
+    #[serde(skip)]
+    incarnation: u64,
 }
 
 impl Ledger {
@@ -276,6 +291,9 @@ impl Ledger {
     pub fn apply_at(&mut self, cmd: &Command, now_ms: u64) -> Response {
         let now = now_ms.max(self.last_ms);
         self.last_ms = now;
+        if self.incarnation == 0 {
+            self.incarnation = now.clamp(1, LEGACY_INCARNATION - 1);
+        }
         self.expire(now);
         self.forget_requests(now);
         self.forget_admin(now);
@@ -310,6 +328,10 @@ impl Ledger {
             } => self.release(*allocation_id, *epoch, holder, *final_spend, now),
             Command::Tick => Response::Ticked,
             Command::Decide(d) => self.decide(d, now),
+            Command::InIncarnation {
+                incarnation,
+                command,
+            } => self.in_incarnation(*incarnation, command, now),
             Command::Batch(items) => Response::Batch(
                 items
                     .iter()
@@ -328,7 +350,69 @@ impl Ledger {
         if let Err(e) = self.check_invariants() {
             panic!("after {cmd:?} at {now}: {e}");
         }
+        let mut r = r;
+        if let Response::Granted(g) = &mut r {
+            // Also for an answer recalled from before a snapshot, which does not store it.
+            g.incarnation = self.incarnation();
+        }
         r
+    }
+
+    /// Applies a Report or Release fenced by the `incarnation` its allocation was granted in:
+    /// refused, changing nothing, when this ledger is another incarnation. An incarnation of 0
+    /// (not sent) and a legacy ledger (incarnation unknown) fence nothing by incarnation.
+    fn in_incarnation(&mut self, incarnation: u64, cmd: &Command, now: u64) -> Response {
+        let id = match cmd {
+            Command::Report { allocation_id, .. } | Command::Release { allocation_id, .. } => {
+                *allocation_id
+            }
+            _ => {
+                return Response::Rejected(LedgerError::BadInput {
+                    field: "incarnation".into(),
+                    reason: "only a report or a release carries an incarnation".into(),
+                })
+            }
+        };
+        let have = self.incarnation();
+        if incarnation != 0 && have != 0 && incarnation != have {
+            return Response::Rejected(LedgerError::StaleIncarnation {
+                id,
+                have,
+                got: incarnation,
+            });
+        }
+        self.apply_at(cmd, now)
+    }
+
+    /// Which life of the ledger this is (design §3): the leader-stamped time, Unix ms, of the
+    /// first command it applied. A ledger recreated empty after its state was lost grants ids
+    /// from 1 again under a new incarnation, and refuses a report or release of the old one.
+    /// 0 before the first command, and for a ledger restored from a snapshot written before
+    /// incarnations existed (it fences nothing by incarnation, as before).
+    pub fn incarnation(&self) -> u64 {
+        if self.incarnation == LEGACY_INCARNATION {
+            0
+        } else {
+            self.incarnation
+        }
+    }
+
+    /// The incarnation as a snapshot stores it (after the ledger's bytes).
+    pub fn stored_incarnation(&self) -> u64 {
+        self.incarnation
+    }
+
+    /// Sets the incarnation a snapshot stored, `None` for a snapshot written before
+    /// incarnations existed: a ledger that applied nothing then takes one at its first command
+    /// as usual; any other is marked legacy for good. It cannot take one now: a replica
+    /// replaying the log from its start instead of this snapshot would take another, and the
+    /// replicas would then fence differently.
+    pub fn restore_incarnation(&mut self, stored: Option<u64>) {
+        self.incarnation = match stored {
+            Some(i) => i,
+            None if self.last_ms == 0 => 0,
+            None => LEGACY_INCARNATION,
+        };
     }
 
     /// The latest applied time, Unix ms.

@@ -6,14 +6,16 @@ use crate::ledger::Ended;
 impl Ledger {
     /// The state as bytes (bincode 2, as in a Raft snapshot), to compare states in tests.
     pub(super) fn snapshot(&self) -> Vec<u8> {
-        bincode::serde::encode_to_vec(self, bincode::config::standard()).expect("encodes")
+        bincode::serde::encode_to_vec((self, self.incarnation), bincode::config::standard())
+            .expect("encodes")
     }
 
     /// A ledger decoded from [`Self::snapshot`] bytes, its policies parsed again.
     pub(super) fn restore(bytes: &[u8]) -> Result<Ledger, String> {
-        let (mut l, _): (Ledger, usize) =
+        let ((mut l, incarnation), _): ((Ledger, u64), usize) =
             bincode::serde::decode_from_slice(bytes, bincode::config::standard())
                 .map_err(|e| e.to_string())?;
+        l.restore_incarnation(Some(incarnation));
         l.rebuild_derived().map_err(|e| e.to_string())?;
         Ok(l)
     }
@@ -179,6 +181,96 @@ fn total_granted_never_exceeds_burst_plus_rate_times_time() {
         );
     }
     assert!(total > 40 * T, "the bucket refilled and was granted again");
+}
+
+/// Issue 12 (allot-sim seeds 35, 791): a ledger recreated empty after its state was lost grants
+/// ids from 1 again. A Report or Release of the lost ledger's allocation with the same id,
+/// epoch and holder carries the other incarnation: refused, nothing changed. The same ids with
+/// the right incarnation (or none, an older agent) work.
+#[test]
+fn reports_and_releases_of_another_incarnation_are_refused() {
+    let mut lost = ledger(ACME);
+    assert_eq!(lost.incarnation(), T0, "the first command's stamp");
+    let old = granted(&acquire(&mut lost, T0, "eu", "gw1", 10 * T, "r1"));
+    assert_eq!(old.incarnation, T0);
+    // Recreated empty a minute later: the same holder is granted id 1 again.
+    let t1 = T0 + 60_000;
+    let mut l = Ledger::default();
+    assert_eq!(l.incarnation(), 0, "not set before the first command");
+    let put = Command::PutPolicy {
+        yaml: ACME.into(),
+        expected_version: 0,
+        request_id: String::new(),
+    };
+    assert!(matches!(l.apply_at(&put, t1), Response::PolicyPut { .. }));
+    let g = granted(&acquire(&mut l, t1, "eu", "gw1", 10 * T, "r1"));
+    assert_eq!((g.allocation_id, g.epoch), (old.allocation_id, old.epoch));
+    assert_eq!((g.incarnation, l.incarnation()), (t1, t1));
+    let report = |spend| Command::Report {
+        allocation_id: g.allocation_id,
+        epoch: g.epoch,
+        holder: "gw1".into(),
+        cumulative_spend: spend,
+    };
+    let release = |spend| Command::Release {
+        allocation_id: g.allocation_id,
+        epoch: g.epoch,
+        holder: "gw1".into(),
+        final_spend: spend,
+    };
+    let from = |incarnation, cmd| Command::InIncarnation {
+        incarnation,
+        command: Box::new(cmd),
+    };
+    let refused = Response::Rejected(LedgerError::StaleIncarnation {
+        id: g.allocation_id,
+        have: t1,
+        got: T0,
+    });
+    let before = l.snapshot();
+    for cmd in [from(T0, report(3 * T)), from(T0, release(T))] {
+        assert_eq!(l.apply_at(&cmd, t1), refused);
+        assert_eq!(l.snapshot(), before, "{cmd:?} changed nothing");
+        l.check_invariants().unwrap();
+    }
+    let batch = Command::Batch(vec![from(T0, release(0))]);
+    assert_eq!(
+        l.apply_at(&batch, t1),
+        Response::Batch(vec![refused.clone()])
+    );
+    assert_eq!(l.snapshot(), before);
+    assert_eq!(
+        l.allocation(g.allocation_id).unwrap().state,
+        AllocationState::Live
+    );
+    // The right incarnation is applied as a plain report; none (0, an older agent) too.
+    let recorded = |r| Response::Reported {
+        recorded: r,
+        expires_at_ms: g.expires_at_ms,
+    };
+    assert_eq!(l.apply_at(&from(t1, report(2 * T)), t1), recorded(2 * T));
+    l.check_invariants().unwrap();
+    assert_eq!(l.apply_at(&from(0, report(3 * T)), t1), recorded(3 * T));
+    l.check_invariants().unwrap();
+    assert_eq!(l.apply_at(&report(4 * T), t1), recorded(4 * T));
+    l.check_invariants().unwrap();
+    assert!(matches!(
+        l.apply_at(&from(t1, release(4 * T)), t1 + 1),
+        Response::Released { .. }
+    ));
+    l.check_invariants().unwrap();
+    assert!(matches!(
+        l.allocation(g.allocation_id).unwrap().state,
+        AllocationState::Released { .. }
+    ));
+    // Only a report or a release carries an incarnation.
+    assert!(matches!(
+        l.apply_at(&from(t1, Command::Tick), t1 + 1),
+        Response::Rejected(LedgerError::BadInput { .. })
+    ));
+    // Later commands and a snapshot keep it.
+    assert_eq!(l.incarnation(), t1);
+    assert_eq!(Ledger::restore(&l.snapshot()).unwrap().incarnation(), t1);
 }
 
 #[test]

@@ -122,6 +122,19 @@ pub enum Command {
     /// answered by [`Response::Batch`] with one response per command. A batch inside a batch is
     /// refused.
     Batch(Vec<Command>),
+    /// A [`Command::Report`] or [`Command::Release`] fenced by the ledger incarnation its
+    /// allocation was granted in ([`Grant::incarnation`]): refused with
+    /// [`LedgerError::StaleIncarnation`], changing nothing, when the ledger's incarnation is
+    /// another (the allocation belongs to a ledger whose state was lost; its id may have been
+    /// granted again since). A variant of its own, last, so log entries and snapshots written
+    /// before it still decode (bincode numbers variants by position). A plain Report or
+    /// Release (an agent that sends no incarnation) is not fenced this way.
+    InIncarnation {
+        /// The incarnation the allocation was granted in; never 0.
+        incarnation: u64,
+        /// The Report or Release.
+        command: Box<Command>,
+    },
 }
 
 /// A granted allocation.
@@ -144,6 +157,11 @@ pub struct Grant {
     pub rate_per_s: u64,
     /// The most the rate adds over the lease, microtokens (in the overshoot bound).
     pub promised: u64,
+    /// The ledger's incarnation ([`super::Ledger::incarnation`]): the holder sends it back with
+    /// every Report and Release. Set on the way out of `apply_at`, not stored: a remembered
+    /// answer (kept in snapshots) keeps its pre-incarnation encoding.
+    #[serde(skip)]
+    pub incarnation: u64,
 }
 
 /// Nothing could be granted now.

@@ -31,6 +31,15 @@ pub(crate) fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, bincode::er
     Ok(value)
 }
 
+/// Decodes a value written by [`encode`] at the start of `bytes`; returns it with the number of
+/// bytes it took (what follows is the caller's).
+pub(crate) fn decode_prefix<T: DeserializeOwned>(
+    bytes: &[u8],
+) -> Result<(T, usize), bincode::error::DecodeError> {
+    let config = bincode::config::standard().with_limit::<DECODE_LIMIT_BYTES>();
+    bincode::serde::decode_from_slice(bytes, config)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -4,7 +4,7 @@
 //! [`Command::Batch`] entry).
 
 use super::app::{App, AppError};
-use super::codec::{decode, encode};
+use super::codec::{decode, decode_prefix, encode};
 use super::group_commit::Batching;
 use crate::ledger::{Command, Ledger, Response};
 
@@ -16,14 +16,31 @@ impl App for Ledger {
         self.apply_at(cmd, stamped_now_ms)
     }
 
+    /// The ledger's bytes, then its incarnation's. bincode has no field versions: a field
+    /// added to the ledger would make every older snapshot undecodable, while bytes appended
+    /// after it leave an older snapshot a valid prefix (read as "no incarnation").
     fn snapshot(&self) -> Vec<u8> {
         // Serialising plain data into a Vec cannot fail; an empty snapshot would be refused by
         // `restore` rather than silently installed.
-        encode(self).unwrap_or_default()
+        match (encode(self), encode(&self.stored_incarnation())) {
+            (Ok(mut bytes), Ok(tail)) => {
+                bytes.extend_from_slice(&tail);
+                bytes
+            }
+            _ => Vec::new(),
+        }
     }
 
     fn restore(bytes: &[u8]) -> Result<Self, AppError> {
-        let mut l: Ledger = decode(bytes).map_err(|e| AppError::CorruptSnapshot(e.to_string()))?;
+        let corrupt = |e: bincode::error::DecodeError| AppError::CorruptSnapshot(e.to_string());
+        let (mut l, read): (Ledger, usize) = decode_prefix(bytes).map_err(corrupt)?;
+        let tail = &bytes[read..];
+        let incarnation = if tail.is_empty() {
+            None
+        } else {
+            Some(decode::<u64>(tail).map_err(corrupt)?)
+        };
+        l.restore_incarnation(incarnation);
         l.rebuild_derived()
             .map_err(|e| AppError::CorruptSnapshot(e.to_string()))?;
         Ok(l)
@@ -102,6 +119,43 @@ mod tests {
             a.apply(&Command::Tick, 2_000),
             b.apply(&Command::Tick, 2_000)
         );
+    }
+
+    #[test]
+    fn a_snapshot_carries_the_incarnation_and_an_older_one_still_restores() {
+        let l = with_grant();
+        assert_eq!(l.incarnation(), 1_000, "the first entry's stamp");
+        assert_eq!(
+            Ledger::restore(&l.snapshot())
+                .expect("restore")
+                .incarnation(),
+            1_000
+        );
+        // A snapshot written before incarnations: the ledger's bytes alone. It restores, and
+        // never takes an incarnation (a replica replaying the log instead would take another):
+        // it fences nothing by incarnation, as before.
+        let mut legacy = Ledger::restore(&encode(&l).expect("encode")).expect("legacy restore");
+        assert_eq!(legacy.incarnation(), 0);
+        legacy.apply(&Command::Tick, 2_000);
+        assert_eq!(legacy.incarnation(), 0);
+        let other = Command::InIncarnation {
+            incarnation: 7,
+            command: Box::new(Command::Report {
+                allocation_id: 1,
+                epoch: 1,
+                holder: "gw".into(),
+                cumulative_spend: 1,
+            }),
+        };
+        assert!(matches!(
+            legacy.apply(&other, 2_000),
+            Response::Reported { .. }
+        ));
+        // One that had applied nothing takes one at its first command, as any.
+        let mut empty =
+            Ledger::restore(&encode(&Ledger::default()).expect("encode")).expect("restore");
+        empty.apply(&Command::Tick, 3_000);
+        assert_eq!(empty.incarnation(), 3_000);
     }
 
     #[test]

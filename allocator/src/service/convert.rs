@@ -36,21 +36,39 @@ pub fn decide_command(b: pb::DecideRequest) -> Option<Command> {
 
 /// The ledger command of a Report request.
 pub fn report_command(b: pb::ReportRequest) -> Command {
-    Command::Report {
-        allocation_id: b.allocation_id,
-        epoch: b.epoch,
-        holder: b.holder,
-        cumulative_spend: b.cumulative_spend,
-    }
+    in_incarnation(
+        b.incarnation,
+        Command::Report {
+            allocation_id: b.allocation_id,
+            epoch: b.epoch,
+            holder: b.holder,
+            cumulative_spend: b.cumulative_spend,
+        },
+    )
 }
 
 /// The ledger command of a Release request.
 pub fn release_command(b: pb::ReleaseRequest) -> Command {
-    Command::Release {
-        allocation_id: b.allocation_id,
-        epoch: b.epoch,
-        holder: b.holder,
-        final_spend: b.final_spend,
+    in_incarnation(
+        b.incarnation,
+        Command::Release {
+            allocation_id: b.allocation_id,
+            epoch: b.epoch,
+            holder: b.holder,
+            final_spend: b.final_spend,
+        },
+    )
+}
+
+/// `cmd` fenced by the grant's `incarnation`; unfenced when the caller sent none (0: an older
+/// agent), so it is checked as before, by id, epoch and holder only.
+fn in_incarnation(incarnation: u64, cmd: Command) -> Command {
+    if incarnation == 0 {
+        return cmd;
+    }
+    Command::InIncarnation {
+        incarnation,
+        command: Box::new(cmd),
     }
 }
 
@@ -86,6 +104,7 @@ pub fn acquire_response(r: LResp) -> Result<pb::AcquireResponse, LResp> {
             policy_version: g.policy_version,
             rate_per_s: g.rate_per_s,
             promised: g.promised,
+            incarnation: g.incarnation,
         }),
         LResp::Denied(d) => O::Denial(pb::Denial {
             retry_after_ms: d.retry_after_ms,
@@ -138,6 +157,10 @@ pub fn release_response(r: LResp) -> Result<pb::ReleaseResponse, LResp> {
 
 /// The result of one applied Batch item: its answer, or the detail of its refusal.
 pub fn item_result(cmd: &Command, r: LResp) -> pb::BatchResult {
+    let cmd = match cmd {
+        Command::InIncarnation { command, .. } => command.as_ref(),
+        c => c,
+    };
     let outcome = match (cmd, r) {
         (_, LResp::Rejected(e)) => Outcome::Error(ledger_error(&e).1),
         (Command::Acquire(_), r) => acquire_response(r)

@@ -49,7 +49,11 @@ pub fn ledger_error(e: &LedgerError) -> (Code, pb::ErrorDetail) {
         | E::UnknownRegion { .. }
         | E::NoKeyState { .. } => (Code::NotFound, with(ErrorReason::UnknownPolicy)),
         E::UnknownAllocation { .. } => (Code::NotFound, with(ErrorReason::UnknownAllocation)),
-        E::StaleEpoch { .. } => (Code::FailedPrecondition, with(ErrorReason::StaleEpoch)),
+        // A stale incarnation is a stale epoch on the wire: the caller holds an allocation this
+        // ledger did not grant, and drops it (design §3, §4).
+        E::StaleEpoch { .. } | E::StaleIncarnation { .. } => {
+            (Code::FailedPrecondition, with(ErrorReason::StaleEpoch))
+        }
         E::NotHolder { .. } => (Code::FailedPrecondition, with(ErrorReason::NotHolder)),
         E::AllocationEnded { how, .. } => (
             Code::FailedPrecondition,
@@ -196,6 +200,15 @@ mod tests {
                     id: 1,
                     have: u64::MAX,
                     got: 0,
+                },
+                Code::FailedPrecondition,
+                ErrorReason::StaleEpoch,
+            ),
+            (
+                E::StaleIncarnation {
+                    id: 1,
+                    have: 2,
+                    got: 1,
                 },
                 Code::FailedPrecondition,
                 ErrorReason::StaleEpoch,

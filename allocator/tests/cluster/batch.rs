@@ -147,6 +147,7 @@ async fn batch_and_decide_through_a_follower_answer_every_item_in_order() {
         item(Op::Acquire(acquire)),
         item(Op::Decide(decide("gw1", 2 * T, "d1"))),
         item(Op::Report(pb::ReportRequest {
+            incarnation: 0,
             allocation_id: 999,
             epoch: 1,
             cumulative_spend: T,
@@ -193,6 +194,7 @@ async fn batch_and_decide_through_a_follower_answer_every_item_in_order() {
 
     let report = |epoch: u64, spend: u64| {
         item(Op::Report(pb::ReportRequest {
+            incarnation: 0,
             allocation_id: g.allocation_id,
             epoch,
             cumulative_spend: spend,
@@ -200,6 +202,7 @@ async fn batch_and_decide_through_a_follower_answer_every_item_in_order() {
         }))
     };
     let release = item(Op::Release(pb::ReleaseRequest {
+        incarnation: 0,
         allocation_id: g.allocation_id,
         epoch: g.epoch,
         final_spend: 3 * T,

@@ -98,6 +98,7 @@ async fn load_client(
                 seen.grants.push((rid, g));
                 count.fetch_add(1, Ordering::SeqCst);
                 let rep = pb::ReportRequest {
+                    incarnation: 0,
                     allocation_id: g.allocation_id,
                     epoch: g.epoch,
                     cumulative_spend: g.granted / 2,
@@ -325,6 +326,7 @@ async fn ledger_survives_failover_under_load_and_full_restart() {
     for (id, epoch) in [(a2.allocation_id, a1.epoch), (a1.allocation_id, a2.epoch)] {
         let s = c
             .report(pb::ReportRequest {
+                incarnation: 0,
                 allocation_id: id,
                 epoch,
                 cumulative_spend: T,

@@ -176,6 +176,7 @@ async fn follower_forwards_hints_and_bad_input_changes_nothing() {
 
         let s = c
             .report(pb::ReportRequest {
+                incarnation: 0,
                 allocation_id: 999_999,
                 epoch: 1,
                 cumulative_spend: 1,
@@ -186,6 +187,7 @@ async fn follower_forwards_hints_and_bad_input_changes_nothing() {
         assert_eq!(s.code(), Code::NotFound, "{s:?}");
         let s = c
             .release(pb::ReleaseRequest {
+                incarnation: 0,
                 allocation_id: g.allocation_id,
                 epoch: g.epoch + 1,
                 final_spend: 0,
