@@ -253,6 +253,19 @@ mod tests {
     use super::*;
     use crate::raft::test_app::CounterApp;
 
+    /// One Vote from a fresh client of `factory` to node `target` at `addr`, with deadline `ttl`.
+    async fn vote_to(
+        factory: &mut GrpcNetworkFactory<CounterApp>,
+        target: u64,
+        addr: &str,
+        ttl: Duration,
+    ) -> RpcResult<VoteResponse<NodeId>, openraft::error::Infallible> {
+        let mut client = factory.new_client(target, &BasicNode::new(addr)).await;
+        client
+            .vote(VoteRequest::new(Vote::new(1, 1), None), RPCOption::new(ttl))
+            .await
+    }
+
     #[tokio::test]
     async fn a_peer_that_does_not_answer_in_time_is_a_timeout_not_unreachable() {
         // A listener that never accepts: the kernel completes the TCP handshake, nothing
@@ -261,13 +274,7 @@ mod tests {
         let addr = listener.local_addr().expect("addr").to_string();
         let mut factory =
             GrpcNetworkFactory::<CounterApp>::new(1, Arc::new(LazyTcpChannels::default()));
-        let mut client = factory.new_client(2, &BasicNode::new(&addr)).await;
-        let result = client
-            .vote(
-                VoteRequest::new(Vote::new(1, 1), None),
-                RPCOption::new(Duration::from_millis(200)),
-            )
-            .await;
+        let result = vote_to(&mut factory, 2, &addr, Duration::from_millis(200)).await;
         assert!(
             matches!(result, Err(RPCError::Timeout(_))),
             "got {result:?}"
@@ -302,25 +309,13 @@ mod tests {
 
         let mut factory =
             GrpcNetworkFactory::<CounterApp>::new(1, Arc::new(LazyTcpChannels::default()));
-        let mut client = factory.new_client(2, &BasicNode::new(&addr)).await;
-        let result = client
-            .vote(
-                VoteRequest::new(Vote::new(1, 1), None),
-                RPCOption::new(Duration::from_secs(2)),
-            )
-            .await;
+        let result = vote_to(&mut factory, 2, &addr, Duration::from_secs(2)).await;
         assert!(
             matches!(result, Err(RPCError::Unreachable(_))),
             "got {result:?}"
         );
 
-        let mut bad = factory.new_client(3, &BasicNode::new("not a uri")).await;
-        let result = bad
-            .vote(
-                VoteRequest::new(Vote::new(1, 1), None),
-                RPCOption::new(Duration::from_secs(2)),
-            )
-            .await;
+        let result = vote_to(&mut factory, 3, "not a uri", Duration::from_secs(2)).await;
         assert!(
             matches!(result, Err(RPCError::Unreachable(_))),
             "got {result:?}"
