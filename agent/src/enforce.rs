@@ -7,15 +7,16 @@
 //! counted, and its duration recorded.
 
 use crate::lease::{
-    ChargeLog, Charged, LeaseBook, LeaseSettings, LeaseTables, LeaseView, Standing,
+    ChargeLog, Charged, KeyLease, LeaseBook, LeaseSettings, LeaseTables, LeaseView, Standing,
 };
 use crate::slots::{SlotOutcome, SlotTables, Slots};
 use allot_common::clock::Clock;
 use allot_common::concurrency::Permit;
 use allot_common::config::ConfigSet;
 use allot_common::descriptor::{Request, RequestError, MAX_DESCRIPTORS};
+use allot_common::keyed::Keyed;
 use allot_common::limiter::{Code, DescriptorStatus, Limiter, Outcome, Reason, Snapshot};
-use allot_common::units::{tokens_to_micros, Micros, NANOS_PER_MILLI};
+use allot_common::units::{tokens_to_micros, Micros, Nanos, NANOS_PER_MILLI};
 use allot_common::RetryAfter;
 use arc_swap::ArcSwap;
 use arrayvec::ArrayVec;
@@ -222,10 +223,16 @@ impl Enforcer {
         // Each round waits for one allocator answer per key; the rounds are bounded too, so a
         // key whose calls cannot be sent (the agent is stopping) never spins until the deadline.
         for _ in 0..MAX_WAIT_ROUNDS {
-            if !outcome.awaiting_lease {
-                break;
-            }
-            let waited = self.wait_for_calls(&current, req, statuses, deadline).await;
+            let waited = if outcome.awaiting_lease {
+                self.wait_for_calls(&current, req, statuses, deadline).await
+            } else if outcome.code == Code::OverLimit {
+                // The allocator denied, but another region's unused part may be lent soon
+                // (its handoff hint): a request that waited already waits for that too.
+                self.wait_for_handoff(&current, req, statuses, deadline)
+                    .await
+            } else {
+                Waited::Final
+            };
             if waited == Waited::Final {
                 break;
             }
@@ -267,17 +274,10 @@ impl Enforcer {
         let bound = self.settings().cold_wait_ms.saturating_mul(NANOS_PER_MILLI);
         let mut asked: ArrayVec<_, MAX_DESCRIPTORS> = ArrayVec::new();
         let mut calling: ArrayVec<_, MAX_DESCRIPTORS> = ArrayVec::new();
-        for (i, d) in req.descriptors.iter().enumerate() {
-            let Some(s) = statuses.get(i) else { break };
-            if s.code != Code::OverLimit || s.shadow_mode {
-                continue;
-            }
-            let Some(kl) = s
-                .rule_index
-                .and_then(|ri| current.leases.existing(req.domain, ri, d.entries))
-            else {
-                return Waited::Final; // a local limit denied: no answer changes that
-            };
+        let Some(denied) = enforced_denials(current, req, statuses) else {
+            return Waited::Final; // a local limit denied: no answer changes that
+        };
+        for (i, kl) in denied {
             if kl.value.protocol.standing(now, bound) != Standing::Ask {
                 // Answered since the decision (a denial, or the failure mode): deciding again
                 // gives the final answer.
@@ -314,6 +314,47 @@ impl Enforcer {
             }
         }
         waited
+    }
+
+    /// Waits until every enforced denied descriptor of `req` may ask again by its key's handoff
+    /// hint ([`KeyProtocol::handoff_at`]), when that is before `deadline`: `Answered` then
+    /// (decide again: the keys ask the allocator anew), else `Final` (the denial stands: a
+    /// local limit, a refill denial, or a hint beyond the wait bound).
+    ///
+    /// [`KeyProtocol::handoff_at`]: crate::lease::protocol::KeyProtocol::handoff_at
+    async fn wait_for_handoff(
+        &self,
+        current: &Current,
+        req: &Request<'_>,
+        statuses: &[DescriptorStatus],
+        deadline: tokio::time::Instant,
+    ) -> Waited {
+        let now = self.clock.now();
+        let mut until: Nanos = 0;
+        let mut keys: ArrayVec<_, MAX_DESCRIPTORS> = ArrayVec::new();
+        let Some(denied) = enforced_denials(current, req, statuses) else {
+            return Waited::Final; // a local limit denied
+        };
+        for (_, kl) in denied {
+            let Some(at) = kl.value.protocol.handoff_at(now) else {
+                return Waited::Final; // the refill's denial, or the failure mode
+            };
+            until = until.max(at);
+            keys.push((kl, at));
+        }
+        let wake = tokio::time::Instant::now() + Duration::from_nanos(until.saturating_sub(now));
+        if keys.is_empty() || wake >= deadline {
+            return Waited::Final;
+        }
+        self.book
+            .counters
+            .handoff_waits
+            .fetch_add(1, Ordering::Relaxed);
+        tokio::time::sleep_until(wake).await;
+        for (kl, at) in keys {
+            kl.value.protocol.handoff_due(at);
+        }
+        Waited::Answered
     }
 
     /// Decides `req` as [`decide`](Self::decide) and returns the config snapshot that decided
@@ -397,4 +438,26 @@ impl Enforcer {
         outcome.retry_after = wait;
         Ok((outcome, snapshot, Vec::new()))
     }
+}
+
+/// The enforced (not shadow-mode) denied descriptors of `req` with their keys' leases, by
+/// descriptor index; `None` when one of them was denied by a local limit (no key of the
+/// allocator's: no answer of it changes that denial).
+fn enforced_denials(
+    current: &Current,
+    req: &Request<'_>,
+    statuses: &[DescriptorStatus],
+) -> Option<ArrayVec<(usize, Arc<Keyed<KeyLease>>), MAX_DESCRIPTORS>> {
+    let mut out = ArrayVec::new();
+    for (i, d) in req.descriptors.iter().enumerate() {
+        let Some(s) = statuses.get(i) else { break };
+        if s.code != Code::OverLimit || s.shadow_mode {
+            continue;
+        }
+        let kl = s
+            .rule_index
+            .and_then(|ri| current.leases.existing(req.domain, ri, d.entries))?;
+        out.push((i, kl));
+    }
+    Some(out)
 }

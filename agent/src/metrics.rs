@@ -322,6 +322,11 @@ const LEASE_COUNTERS: &[(&str, &str, LeaseCounter)] = &[
         |c| &c.wait_timeouts,
     ),
     (
+        "allot_agent_lease_handoff_waits",
+        "Waiting decisions that the allocator denied with a handoff hint and that asked again at it",
+        |c| &c.handoff_waits,
+    ),
+    (
         "allot_agent_allocator_calls",
         "Allocator calls sent: one Batch, or one single call of the fallback",
         |c| &c.calls,

@@ -407,6 +407,7 @@ pub fn status(g: &Decider) -> Value {
         "counters": {
             "cold_waits": c.cold_waits.load(Ordering::Relaxed),
             "wait_timeouts": c.wait_timeouts.load(Ordering::Relaxed),
+            "handoff_waits": c.handoff_waits.load(Ordering::Relaxed),
             "denials_held": c.denials_held.load(Ordering::Relaxed),
             "accrual_denials": c.accrual_denials.load(Ordering::Relaxed),
             "acquires": c.acquires.load(Ordering::Relaxed),

@@ -563,9 +563,7 @@ fn applied_acquire(
         }
         Answer::Done(Outcome::Acquire(pb::AcquireResponse {
             outcome: Some(pb::acquire_response::Outcome::Denial(d)),
-        })) => v
-            .protocol
-            .record_denial(now.saturating_add(ms(d.retry_after_ms.max(1)))),
+        })) => record_denial(v, d.retry_after_ms.max(1), d.handoff_ms, now),
         // Already recorded as a failure of this key (failure mode until the backoff ends).
         Answer::Failed(e) if e.is_transient() => {}
         other => {
@@ -574,6 +572,18 @@ fn applied_acquire(
             tracing::warn!(domain = %v.domain, answer = ?other, "acquire refused");
             v.protocol.record_denial(backoff_end);
         }
+    }
+}
+
+/// Records the allocator's denial of `v` at `now`: denied for `wait_ms`, or until its handoff
+/// hint `handoff_ms` when that is sooner (then the decisions that waited may ask again; see
+/// [`KeyProtocol::handoff_at`](super::protocol::KeyProtocol::handoff_at)).
+fn record_denial(v: &KeyLease, wait_ms: u64, handoff_ms: u64, now: Nanos) {
+    if handoff_ms > 0 && handoff_ms < wait_ms {
+        v.protocol
+            .record_handoff_denial(now.saturating_add(ms(handoff_ms)));
+    } else {
+        v.protocol.record_denial(now.saturating_add(ms(wait_ms)));
     }
 }
 
@@ -626,7 +636,7 @@ fn applied_decide(book: &LeaseBook, v: &KeyLease, cost: Micros, answer: Answer, 
             } else {
                 d.retry_after_ms.max(1)
             };
-            v.protocol.record_denial(now.saturating_add(ms(wait)));
+            record_denial(v, wait, d.handoff_ms, now);
         }
         Answer::Failed(CallError::Unsupported) => book.central_unsupported(),
         Answer::Failed(e) if e.is_transient() => {}

@@ -76,6 +76,11 @@ pub struct KeyProtocol {
     /// or a denial): what the key holds and accrues is all it gets for now, so a decision it
     /// does not cover is denied until the rate accrues instead of asking again.
     short: AtomicBool,
+    /// The standing denial ends when another region's unused part may be lent to this key
+    /// (the allocator's handoff hint, issue 9 skewed part a): the same time as `denied_until`,
+    /// ns (0: the denial is the refill's). Decisions that were already waiting when it came may
+    /// ask again then; new ones are denied at once like any standing denial.
+    handoff_at: AtomicU64,
 }
 
 impl KeyProtocol {
@@ -259,6 +264,7 @@ impl KeyProtocol {
         next.push(a);
         self.replace(&w, next);
         drop(w);
+        self.handoff_at.store(0, Ordering::Release);
         self.denied_until.store(denied_until, Ordering::Release);
         self.unreachable_until.store(0, Ordering::Release);
         self.end_call();
@@ -278,6 +284,41 @@ impl KeyProtocol {
 
     /// Records the allocator's denial: no call and an immediate denial until `until` (ns).
     pub fn record_denial(&self, until: Nanos) {
+        self.record_denial_until(until, false);
+    }
+
+    /// Records the allocator's denial that another region's unused part may turn around at
+    /// `until` (ns): as [`record_denial`](Self::record_denial), and the decisions already
+    /// waiting may ask again then ([`handoff_at`](Self::handoff_at)).
+    pub fn record_handoff_denial(&self, until: Nanos) {
+        self.record_denial_until(until, true);
+    }
+
+    /// When a decision that waited for this key's call may ask again because the standing
+    /// denial is a handoff hint, ns; `None` when no such denial stands at `now`.
+    pub fn handoff_at(&self, now: Nanos) -> Option<Nanos> {
+        let at = self.handoff_at.load(Ordering::Acquire);
+        (at > now && at == self.denied_until.load(Ordering::Acquire)).then_some(at)
+    }
+
+    /// The handoff hint `at` (ns) has come for a decision that waited for it: the denial it
+    /// set ends now, so the decision's new ask is not held back by the agent's clock reading a
+    /// little earlier than the wait's timer. A later denial (another `at`) is left alone.
+    pub fn handoff_due(&self, at: Nanos) {
+        if self
+            .handoff_at
+            .compare_exchange(at, 0, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+        {
+            let _ = self
+                .denied_until
+                .compare_exchange(at, 0, Ordering::AcqRel, Ordering::Relaxed);
+        }
+    }
+
+    fn record_denial_until(&self, until: Nanos, handoff: bool) {
+        self.handoff_at
+            .store(if handoff { until } else { 0 }, Ordering::Release);
         self.short.store(true, Ordering::Release);
         self.denied_until.store(until, Ordering::Release);
         self.unreachable_until.store(0, Ordering::Release);
@@ -329,6 +370,42 @@ mod tests {
         assert!(!p.begin_call(u64::MAX - 1));
         p.record_reachable();
         assert_eq!(p.standing(100, WAIT), Standing::Ask);
+    }
+
+    #[test]
+    fn a_handoff_denial_denies_like_any_other_and_says_when_waiters_may_ask() {
+        let p = KeyProtocol::default();
+        assert_eq!(p.handoff_at(0), None);
+        assert!(p.begin_call(10));
+        p.record_handoff_denial(60);
+        // New decisions are denied at once, as by any standing denial, and no call is made.
+        assert_eq!(p.standing(59, WAIT), Standing::Denied(60));
+        assert!(!p.begin_call(59));
+        // The decisions that waited may ask again at 60.
+        assert_eq!(p.handoff_at(59), Some(60));
+        assert_eq!(p.handoff_at(60), None, "past: an ordinary ask");
+        assert_eq!(p.standing(60, WAIT), Standing::Ask);
+        // A waiter whose timer fired ends it even while the clock reads a little earlier;
+        // only once, and never a later denial.
+        p.handoff_due(60);
+        assert_eq!(p.standing(59, WAIT), Standing::Ask);
+        p.handoff_due(60);
+        p.record_handoff_denial(90);
+        p.handoff_due(60);
+        assert_eq!(p.standing(59, WAIT), Standing::Denied(90));
+        // A refill denial or a grant replaces it.
+        assert!(p.begin_call(90));
+        p.record_denial(200);
+        assert_eq!(p.handoff_at(91), None);
+        assert!(p.begin_call(200));
+        p.record_handoff_denial(u64::MAX);
+        assert_eq!(p.handoff_at(u64::MAX - 1), Some(u64::MAX));
+        assert!(p.begin_call(u64::MAX));
+        p.install_denying(
+            Arc::new(HeldAllocation::new(1, 1, 1_000_000, u64::MAX, u64::MAX, 1)),
+            0,
+        );
+        assert_eq!(p.handoff_at(0), None);
     }
 
     #[test]

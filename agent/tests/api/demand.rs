@@ -168,6 +168,37 @@ async fn reachability_is_decided_per_key() {
     assert_eq!(check(r, "broken", 1).await.code, Code::Ok);
 }
 
+/// The allocator denies with a handoff hint within the wait bound (another region's unused
+/// part is lent once that region settles; issue 9, skewed part a): the request that waited
+/// asks again at the hint and is admitted, where a denial without a hint would be final.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_request_asks_again_at_the_allocators_handoff_hint() {
+    let d = demand(0).await;
+    let r = &d.rig;
+    *d.fake.handoff.lock().unwrap() = Some((30, 5));
+    assert_eq!(check(r, "lent", 1).await.code, Code::Ok);
+    assert_eq!(counter(r, |c| c.handoff_waits.load(Ordering::Relaxed)), 1);
+    assert!(d.fake.acquires.load(Ordering::SeqCst) >= 2, "asked again");
+    assert_eq!(counter(r, |c| c.wait_timeouts.load(Ordering::Relaxed)), 0);
+    let metrics = r.decider.metrics().encode().expect("metrics");
+    assert!(
+        metrics.contains("allot_agent_lease_handoff_waits_total 1"),
+        "{metrics}"
+    );
+}
+
+/// A handoff hint beyond the wait bound (`cold_wait_ms`) changes nothing: the denial is final
+/// at once and nothing more is asked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handoff_hint_beyond_the_wait_bound_is_a_denial() {
+    let d = demand(0).await;
+    let r = &d.rig;
+    *d.fake.handoff.lock().unwrap() = Some((60_000, 5));
+    assert_eq!(check(r, "far", 1).await.code, Code::OverLimit);
+    assert_eq!(counter(r, |c| c.handoff_waits.load(Ordering::Relaxed)), 0);
+    assert_eq!(d.fake.acquires.load(Ordering::SeqCst), 1);
+}
+
 /// A grant below what the Acquire asked is all the allocator had: the requests that waited
 /// for it and are not covered are denied at once (the allocator's bucket is empty, as the
 /// central counter's is), without asking again and without waiting out `cold_wait_ms`.

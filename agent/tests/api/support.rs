@@ -194,6 +194,9 @@ pub struct FakeAllocator {
     pub decides: Arc<AtomicU64>,
     /// The `incarnation` of every Report and Release, in arrival order.
     pub incarnations: Arc<Mutex<Vec<u64>>>,
+    /// Taken by the next Acquire denial: (hint ms, tokens): the denial carries `handoff_ms` =
+    /// hint, and the tokens join the pool, as another region's part lent once it settles.
+    pub handoff: Arc<Mutex<Option<(u64, u64)>>>,
     next_id: Arc<AtomicU64>,
 }
 
@@ -215,6 +218,7 @@ impl FakeAllocator {
             batches: Arc::default(),
             incarnations: Arc::default(),
             decides: Arc::default(),
+            handoff: Arc::default(),
             next_id: Arc::new(AtomicU64::new(1)),
         }
     }
@@ -282,10 +286,13 @@ impl Allocator for FakeAllocator {
             .map(|p| p.min(want))
             .unwrap_or(0);
         let outcome = if got == 0 {
+            let (handoff_ms, lent) = self.handoff.lock().unwrap().take().unwrap_or((0, 0));
+            self.pool.fetch_add(lent * T, Ordering::SeqCst);
             pb::acquire_response::Outcome::Denial(pb::Denial {
                 retry_after_ms: 2_000,
                 reason: "bucket empty".into(),
                 policy_version: 1,
+                handoff_ms,
             })
         } else {
             pb::acquire_response::Outcome::Grant(pb::Grant {
@@ -367,6 +374,7 @@ impl Allocator for FakeAllocator {
                 "bucket empty".into()
             },
             policy_version: 1,
+            handoff_ms: 0,
         }))
     }
 

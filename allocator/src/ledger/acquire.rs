@@ -2,7 +2,7 @@
 //! remainder), debited from every one of them at grant time (design §3). The sources and what
 //! they hold are [`super::sources`]'s.
 
-use super::division::Demand;
+use super::division::{sooner, Demand};
 use super::fair_share::fair_part;
 use super::rates::{promise, rated_retry_ms, RateAsk};
 use super::sources::{
@@ -96,6 +96,7 @@ impl Ledger {
                 retry_after_ms,
                 reason,
                 policy_version: version,
+                handoff_ms: 0,
             }));
         }
         let left_ms = window_left_ms(&t.params, millis_to_nanos(now))?;
@@ -110,6 +111,7 @@ impl Ledger {
                     rule.name, rule.lease.max_drift_ms
                 ),
                 policy_version: version,
+                handoff_ms: 0,
             })
         })
     }
@@ -280,6 +282,7 @@ impl Ledger {
     ) -> Result<Response, LedgerError> {
         let (rule, params, version) = (&t.rule, t.params, t.version);
         let ttl = rule.lease.ttl_ms;
+        let handoff = self.handoff_for(t, &a.region, now);
         let ks = self.key_mut(&t.kid)?;
         let need = a
             .want
@@ -320,10 +323,12 @@ impl Ledger {
             };
             (format!("{what} of {} is empty", rule.name), ms)
         };
+        let calendar_spent = avail.calendar < need;
         Ok(Response::Denied(Denial {
             retry_after_ms: wait_ms,
             reason,
             policy_version: version,
+            handoff_ms: sooner(handoff, wait_ms, calendar_spent),
         }))
     }
 }

@@ -8,7 +8,7 @@
 //! [`super::REQUEST_RETENTION_MS`], so a retry (after a leader change, say) gets the same answer
 //! and is charged once.
 
-use super::division::Demand;
+use super::division::{sooner, Demand};
 use super::rates::rated_retry_ms;
 use super::sources::{
     available, check_id, debit, wait_for, Available, Draw, OverCapacity, Prepared,
@@ -95,10 +95,14 @@ impl Ledger {
                 never: false,
                 reason: String::new(),
                 policy_version: version,
+                handoff_ms: 0,
             });
         }
-        let r = refusal(ks, d, t, &avail, now);
+        let mut r = refusal(ks, d, t, &avail, now);
         if r.counts_as_demand {
+            // What another region lends once it settles, asked before this denial counts.
+            let handoff = self.handoff_for(t, &d.region, now);
+            r.handoff_ms = sooner(handoff, r.retry_after_ms, avail.calendar < d.cost);
             self.note_denied(&t.kid, &d.region, &d.holder, now);
         }
         Ok(r.into_decided(version))
@@ -116,6 +120,8 @@ struct Refusal {
     /// Whether the denial is demand the division should see (an empty bucket or a part
     /// waiting for its handoff), not a request that can never pass or a spent calendar.
     counts_as_demand: bool,
+    /// See [`Decided::handoff_ms`].
+    handoff_ms: u64,
 }
 
 impl Refusal {
@@ -126,6 +132,7 @@ impl Refusal {
             reason,
             remaining,
             counts_as_demand: counts,
+            handoff_ms: 0,
         }
     }
 
@@ -136,6 +143,7 @@ impl Refusal {
             reason,
             remaining,
             counts_as_demand: false,
+            handoff_ms: 0,
         }
     }
 
@@ -147,6 +155,7 @@ impl Refusal {
             never: self.never,
             reason: self.reason,
             policy_version,
+            handoff_ms: self.handoff_ms,
         }
     }
 }

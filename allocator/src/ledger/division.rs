@@ -7,9 +7,10 @@
 //! only after the allocations granted under the larger part are gone.
 
 use super::fair_share::{one_token_ppm, region_parts, RegionClaim};
+use super::sources::Prepared;
 use super::{KeyId, KeyState, Ledger};
 use allot_common::config::{Rule, RuleLimit, SharesMode};
-use allot_common::units::{millis_to_nanos, per_second, Micros};
+use allot_common::units::{millis_to_nanos, per_second, Micros, MICROS_PER_TOKEN};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -58,6 +59,72 @@ impl Ask {
 /// before its allocation dies, at most a lease plus the drift after its previous grant.
 pub(super) fn idle_after_ms(rule: &Rule) -> u64 {
     rule.lease.ttl_ms.saturating_add(rule.lease.max_drift_ms)
+}
+
+/// How long a busy region whose asks were all met must have been quiet before it lends what
+/// its holders did not ask for, ms. Longer than a loaded round trip, so a region in the middle
+/// of a burst (its holders asking one after another) is not taken for one that is done; shorter
+/// than the agents' default `cold_wait_ms` (250), so a request that waits for an answer can
+/// still be admitted from what is lent.
+pub(super) const SETTLE_MS: u64 = 50;
+
+/// Whether `at` (Unix ms; 0: never) lies within the last `window` ms before `now`. Ledger time
+/// never goes back, so `at` ≤ `now`; a later `at` counts as just now.
+fn within(at: u64, window: u64, now: u64) -> bool {
+    at > 0 && now.saturating_sub(at) < window
+}
+
+/// What one busy region keeps of its bucket when another borrows, from its holders' asks
+/// within the idle window `idle` (ms) at `now` (Unix ms); `None` when none asked within the
+/// window (the region is idle and keeps nothing).
+///
+/// * One of its holders was denied within the window: it wants more than it got, so it keeps
+///   all of its bucket (`Micros::MAX`): a region with demand always has its guarantee.
+/// * It asked within the last [`SETTLE_MS`]: it may be in the middle of a burst, so it keeps
+///   all of it too. Two regions that start hammering at once both keep their guarantees.
+/// * Otherwise every ask was met and the region has been quiet since: it keeps what its
+///   holders asked for last, Σ of their wants (at least one token), so a repeat of those asks
+///   is still covered, and lends the rest of its part (weighted max-min by demand: a burst
+///   that lands mostly in one region does not strand the other region's unasked part). Its
+///   next denial makes it keep all again.
+fn busy_region_keeps<'a>(
+    asks: impl Iterator<Item = &'a Ask>,
+    idle: u64,
+    now: u64,
+) -> Option<Micros> {
+    let mut keep: Option<Micros> = None;
+    for x in asks.filter(|x| within(x.at_ms, idle, now)) {
+        if within(x.denied_at_ms, idle, now) || within(x.at_ms, SETTLE_MS, now) {
+            return Some(Micros::MAX);
+        }
+        keep = Some(keep.unwrap_or(0).saturating_add(x.want));
+    }
+    keep.map(|k| k.max(MICROS_PER_TOKEN))
+}
+
+/// When a busy region that keeps all of its bucket only because it asked within the last
+/// [`SETTLE_MS`] starts to lend (Unix ms; see [`busy_region_keeps`]); `None` when it is idle,
+/// was denied within the window `idle`, or lends already.
+fn settles_at<'a>(asks: impl Iterator<Item = &'a Ask>, idle: u64, now: u64) -> Option<u64> {
+    let mut latest: Option<u64> = None;
+    for x in asks.filter(|x| within(x.at_ms, idle, now)) {
+        if within(x.denied_at_ms, idle, now) {
+            return None;
+        }
+        latest = latest.max(Some(x.at_ms));
+    }
+    latest
+        .map(|at| at.saturating_add(SETTLE_MS))
+        .filter(|&at| at > now)
+}
+
+/// The handoff hint of a denial (ms; 0: none): `handoff` when it is sooner than the refill's
+/// `retry_after_ms` and the calendar quota is not what ran out (no lending refills that).
+pub(super) fn sooner(handoff: u64, retry_after_ms: u64, calendar_spent: bool) -> u64 {
+    if calendar_spent || handoff == 0 || handoff >= retry_after_ms {
+        return 0;
+    }
+    handoff
 }
 
 /// What the recent requests of one region show, for its claim.
@@ -191,11 +258,10 @@ impl Ledger {
         (wants, me)
     }
 
-    /// The regions of `kid` that asked (an Acquire or a decision) within the idle window of
-    /// `rule` (see [`idle_after_ms`]): busy regions, which keep their own part's bucket when
-    /// another region borrows (design §5 "Borrowing"). Mapped to `Micros::MAX`, the most a
-    /// busy region keeps of its bucket: all of it, so a region with demand always has its
-    /// guarantee.
+    /// What each busy region of `kid` keeps of its own part's bucket when another region
+    /// borrows (design §5 "Borrowing"), microtokens. A region is busy when it asked (an Acquire
+    /// or a decision) within the idle window of `rule` (see [`idle_after_ms`]); an idle region
+    /// is absent and keeps nothing. See [`busy_region_keeps`] for what a busy one keeps.
     pub(super) fn region_keeps(
         &self,
         kid: &KeyId,
@@ -203,13 +269,49 @@ impl Ledger {
         now: u64,
     ) -> BTreeMap<String, Micros> {
         let idle = idle_after_ms(rule);
+        self.region_asks(kid)
+            .filter_map(|(region, asks)| {
+                let keep = busy_region_keeps(asks.values(), idle, now)?;
+                Some((region.to_string(), keep))
+            })
+            .collect()
+    }
+
+    /// When asking again may find more for `region` of `kid`, ms from `now` (0: no sooner than
+    /// the refill): the soonest another busy region, all of whose asks were met, will have been
+    /// quiet for [`SETTLE_MS`] and so lend what it did not ask for (see [`busy_region_keeps`]).
+    /// A waiting request whose wait bound reaches that far asks again then instead of being
+    /// denied (issue 9, skewed part a).
+    pub(super) fn handoff_in_ms(&self, kid: &KeyId, rule: &Rule, region: &str, now: u64) -> u64 {
+        let idle = idle_after_ms(rule);
+        self.region_asks(kid)
+            .filter(|(r, _)| *r != region)
+            .filter_map(|(_, asks)| settles_at(asks.values(), idle, now))
+            .map(|at| at.saturating_sub(now).max(1))
+            .min()
+            .unwrap_or(0)
+    }
+
+    /// [`handoff_in_ms`](Self::handoff_in_ms) for a request of `region` on the key `t`; 0
+    /// unless the region may borrow (`shares_mode: weighted`).
+    pub(super) fn handoff_for(&self, t: &Prepared, region: &str, now: u64) -> u64 {
+        if !t.borrows {
+            return 0;
+        }
+        self.handoff_in_ms(&t.kid, &t.rule, region, now)
+    }
+
+    /// The asks of each region of `kid`, by region.
+    fn region_asks<'a>(
+        &'a self,
+        kid: &KeyId,
+    ) -> impl Iterator<Item = (&'a str, &'a BTreeMap<String, Ask>)> + 'a {
         let from = (kid.clone(), String::new());
+        let kid = kid.clone();
         self.demands
             .range(from..)
-            .take_while(|((k, _), _)| k == kid)
-            .filter(|(_, asks)| asks.values().any(|x| x.at_ms.saturating_add(idle) > now))
-            .map(|((_, region), _)| (region.clone(), Micros::MAX))
-            .collect()
+            .take_while(move |((k, _), _)| *k == kid)
+            .map(|((_, region), asks)| (region.as_str(), asks))
     }
 
     /// Re-divides `kid` among its rule's regions and moves the parts by handoff (module docs).
@@ -433,5 +535,70 @@ mod tests {
             since_ms: 0,
         };
         assert_eq!(c.rate_per_s(1), u64::MAX);
+    }
+
+    #[test]
+    fn a_busy_region_keeps_all_until_it_settles_then_its_wants() {
+        let (idle, now) = (2_250, 10_000);
+        let ask = |want, at_ms, denied_at_ms| Ask {
+            want,
+            demand_per_s: 0,
+            at_ms,
+            denied_at_ms,
+            since_ms: at_ms,
+        };
+        let keeps = |asks: &[Ask]| busy_region_keeps(asks.iter(), idle, now);
+        let settles = |asks: &[Ask]| settles_at(asks.iter(), idle, now);
+        let quiet = now - SETTLE_MS;
+        // No ask within the idle window: idle, keeps nothing and never settles.
+        assert_eq!(keeps(&[]), None);
+        assert_eq!(keeps(&[ask(5 * T, now - idle, 0)]), None);
+        assert_eq!(settles(&[ask(5 * T, now - idle, 0)]), None);
+        // Asked within the settle window: all of its bucket, until the latest ask settles.
+        let burst = [ask(T, now - 1, 0), ask(3 * T, quiet, 0)];
+        assert_eq!(keeps(&burst), Some(Micros::MAX));
+        assert_eq!(settles(&burst), Some(now - 1 + SETTLE_MS));
+        // Settled: Σ of the recent wants, at least one token; it lends already.
+        let met = [ask(T, quiet, 0), ask(3 * T, quiet - 7, 0)];
+        assert_eq!(keeps(&met), Some(4 * T));
+        assert_eq!(settles(&met), None);
+        assert_eq!(keeps(&[ask(1, quiet, 0)]), Some(T));
+        // A stale ask does not count beside a recent one.
+        assert_eq!(
+            keeps(&[ask(T, quiet, 0), ask(9 * T, now - idle, 0)]),
+            Some(T)
+        );
+        // A denial within the window: all of its bucket, settled or not, and no settling.
+        let denied = [ask(T, quiet, now - 1), ask(T, quiet, 0)];
+        assert_eq!(keeps(&denied), Some(Micros::MAX));
+        assert_eq!(settles(&[ask(T, now, now)]), None);
+        // An older denial no longer counts.
+        assert_eq!(keeps(&[ask(T, quiet, now - idle)]), Some(T));
+        // Extremes: wants that sum past u64 saturate; times near u64::MAX do not overflow.
+        assert_eq!(
+            keeps(&[ask(u64::MAX, quiet, 0), ask(T, quiet, 0)]),
+            Some(u64::MAX)
+        );
+        assert_eq!(
+            busy_region_keeps([ask(T, u64::MAX, 0)].iter(), idle, u64::MAX),
+            Some(Micros::MAX)
+        );
+        assert_eq!(
+            settles_at([ask(T, u64::MAX, 0)].iter(), idle, u64::MAX),
+            None
+        );
+    }
+
+    #[test]
+    fn a_handoff_hint_is_only_given_when_sooner_than_the_refill() {
+        assert_eq!(sooner(50, 200, false), 50);
+        assert_eq!(sooner(50, 50, false), 0, "not sooner");
+        assert_eq!(sooner(0, 200, false), 0, "no hint");
+        assert_eq!(
+            sooner(50, 200, true),
+            0,
+            "lending does not refill a calendar quota"
+        );
+        assert_eq!(sooner(1, u64::MAX, false), 1);
     }
 }

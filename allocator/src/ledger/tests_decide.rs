@@ -282,6 +282,45 @@ fn a_weighted_region_borrows_what_the_other_regions_do_not_keep() {
     assert_eq!(bucket(&l, T0), 50 * T, "a denial debits nothing");
 }
 
+/// A busy region whose asks were all met keeps its whole part only while it may be in the
+/// middle of a burst (it asked within the settle window); once quiet it keeps what its holders
+/// asked for last and lends the rest, and a denial in between says when (issue 9, skewed
+/// part a).
+#[test]
+fn a_met_region_lends_its_unasked_part_once_it_settles() {
+    let mut l = ledger(REGIONAL);
+    let r = acquire(&mut l, T0, "us-east", "us1", 100 * T, "u1");
+    assert_eq!(granted(&r).granted, 100 * T);
+    // At once, us-east keeps all of its 300 left: eu-west gets 600 of the global 900.
+    let no = decide(&mut l, T0, "eu-west", 800 * T, "e1");
+    assert!(!no.allowed && !no.never, "{no:?}");
+    // us-east settles in 50 ms, sooner than the refill: the denial says so.
+    assert_eq!(no.handoff_ms, division::SETTLE_MS, "{no:?}");
+    assert!(no.retry_after_ms > no.handoff_ms, "{no:?}");
+    // 50 ms later: the global bucket refilled to 950, us-east keeps its last want (100), so
+    // eu-west may take 850 and not a token more.
+    let at = T0 + division::SETTLE_MS;
+    let no = decide(&mut l, at, "eu-west", 851 * T, "e2");
+    assert!(!no.allowed, "{no:?}");
+    assert_eq!(no.handoff_ms, 0, "us-east lends already: {no:?}");
+    let d = decide(&mut l, at, "eu-west", 850 * T, "e3");
+    assert_eq!((d.allowed, d.remaining), (true, 0), "{d:?}");
+    assert_eq!(bucket(&l, at), 100 * T);
+    l.check_invariants().unwrap();
+    // What us-east kept covers a repeat of its ask; the next one is denied, and a denied
+    // region keeps all of its bucket again: eu-west borrows nothing more.
+    let r = acquire(&mut l, at, "us-east", "us1", 100 * T, "u2");
+    assert_eq!(granted(&r).granted, 100 * T);
+    let r = acquire(&mut l, at, "us-east", "us1", 100 * T, "u3");
+    assert!(matches!(r, Response::Denied(_)), "{r:?}");
+    // Met, us-east would settle 50 ms after its last ask; denied, it does not.
+    let later = at + 10;
+    let no = decide(&mut l, later, "eu-west", 100 * T, "e4");
+    assert!(!no.allowed, "{no:?}");
+    assert_eq!(no.handoff_ms, 0, "a denied region does not settle: {no:?}");
+    l.check_invariants().unwrap();
+}
+
 #[test]
 fn a_busy_weighted_region_keeps_its_whole_part() {
     let mut l = ledger(REGIONAL);

@@ -173,6 +173,12 @@ pub struct Denial {
     pub reason: String,
     /// Policy document version that denied.
     pub policy_version: u64,
+    /// When asking again may find more because another region's unused part becomes lendable
+    /// (see `division::SETTLE_MS`), ms from now, when sooner than `retry_after_ms`; 0 otherwise.
+    /// A request still within its wait bound then may ask again instead of being denied.
+    /// Computed at apply time and not stored: a remembered answer carries 0.
+    #[serde(skip)]
+    pub handoff_ms: u64,
 }
 
 /// The answer to a [`Decide`].
@@ -191,6 +197,10 @@ pub struct Decided {
     pub reason: String,
     /// Policy document version that decided.
     pub policy_version: u64,
+    /// As [`Denial::handoff_ms`]: for a denial, when another region's unused part may be lent,
+    /// ms from now, when sooner than `retry_after_ms`; 0 otherwise. Not stored.
+    #[serde(skip)]
+    pub handoff_ms: u64,
 }
 
 /// The result of applying a command.

@@ -110,6 +110,7 @@ pub fn acquire_response(r: LResp) -> Result<pb::AcquireResponse, LResp> {
             retry_after_ms: d.retry_after_ms,
             reason: d.reason,
             policy_version: d.policy_version,
+            handoff_ms: d.handoff_ms,
         }),
         other => return Err(other),
     };
@@ -128,6 +129,7 @@ pub fn decide_response(r: LResp) -> Result<pb::DecideResponse, LResp> {
             never: d.never,
             reason: d.reason,
             policy_version: d.policy_version,
+            handoff_ms: d.handoff_ms,
         }),
         other => Err(other),
     }

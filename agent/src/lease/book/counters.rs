@@ -15,6 +15,9 @@ pub struct LeaseCounters {
     pub wait_timeouts: AtomicU64,
     /// How long requests waited for an allocator call (Prometheus histogram).
     pub wait_time: WaitHistogram,
+    /// Waiting requests that the allocator denied with a handoff hint within their wait bound,
+    /// and that waited for it to ask again (another region's unused part about to be lent).
+    pub handoff_waits: AtomicU64,
     /// Decisions denied from the allocator's remembered denial, without a call.
     pub denials_held: AtomicU64,
     /// Acquire RPCs sent.
