@@ -397,19 +397,31 @@ impl Checker {
     /// Across a state loss the recreated bucket and quota start full (one B, one quota more)
     /// and the allocations live just before stay spendable (their bound) until they die.
     /// Returns the worst overshoot over B + r·Δ as a fraction of the bound, in ppm (0: none).
+    ///
+    /// An admission takes effect somewhere between its send and its answer (a leased spend at
+    /// the answer, after any wait for a grant; a central decision when the allocator applies
+    /// it), so a window counts the admissions surely inside it: sent at or after t₁, answered
+    /// by t₂. (Counted at its send time, a request that waited for a grant stamped after it
+    /// was sent looked like an overdraw: `allot-sim --seed 484`.)
     pub fn check_bounds(&mut self, k: usize, c: Contract, records: &[&Record]) -> u64 {
-        let admitted: Vec<(u64, Micros)> = records
+        // (sent, answered, cost) in the order of answers.
+        let mut admitted: Vec<(u64, u64, Micros)> = records
             .iter()
             .filter(|r| r.answer == RequestAnswer::Admitted)
-            .map(|r| (r.sent_ns, u64::from(r.cost) * MICROS_PER_TOKEN))
+            .map(|r| {
+                let cost = u64::from(r.cost) * MICROS_PER_TOKEN;
+                (r.sent_ns, r.answered_ns.max(r.sent_ns), cost)
+            })
             .collect();
+        admitted.sort_by_key(|&(sent, answered, _)| (answered, sent));
         let samples = std::mem::take(&mut self.samples[k]);
         let mut worst_ppm = 0u64;
         for s in &samples {
             let (carry, losses_after) = self.loss_terms(k, s.at_ns, c);
             let mut total: u128 = 0;
-            let first = admitted.partition_point(|(t, _)| *t < s.at_ns);
-            for &(t, cost) in &admitted[first..] {
+            let first = admitted.partition_point(|&(_, answered, _)| answered < s.at_ns);
+            let inside = admitted[first..].iter().filter(|&&(sent, ..)| sent >= s.at_ns);
+            for &(_, t, cost) in inside.clone() {
                 total += u128::from(cost);
                 let dt = u128::from(t - s.at_ns);
                 let refill = u128::from(c.rate_per_s) * dt / u128::from(NANOS_PER_SEC);
@@ -438,7 +450,7 @@ impl Checker {
                 }
             }
             if let (Some(quota), Some(left)) = (c.quota, s.calendar_remaining) {
-                let after: u128 = admitted[first..].iter().map(|(_, c)| u128::from(*c)).sum();
+                let after: u128 = inside.map(|&(.., cost)| u128::from(cost)).sum();
                 let fresh = u128::from(quota) * losses_after.len() as u128;
                 let allowed = u128::from(left) + u128::from(s.bound) + u128::from(carry) + fresh;
                 if after > allowed {
@@ -492,13 +504,18 @@ mod tests {
     };
 
     fn admitted(sent_ms: u64, cost: u32) -> Record {
+        answered(sent_ms, sent_ms, cost)
+    }
+
+    fn answered(sent_ms: u64, answered_ms: u64, cost: u32) -> Record {
         Record {
             sent_ns: sent_ms * NS_PER_MS,
             agent: 0,
             key: 0,
             cost,
             answer: RequestAnswer::Admitted,
-            latency_us: 0,
+            latency_us: (answered_ms - sent_ms) * 1_000,
+            answered_ns: answered_ms * NS_PER_MS,
         }
     }
 
@@ -526,6 +543,33 @@ mod tests {
         c.check_bounds(0, C, &beyond.iter().collect::<Vec<_>>());
         assert_eq!(c.violations.len(), 1);
         assert_eq!(c.violations[0].kind, "admitted-beyond-bound");
+    }
+
+    #[test]
+    fn an_admission_counts_from_its_answer_and_only_in_windows_it_was_sent_in() {
+        // Seed 484's shape: B 40 at t = 0, 10/s; the last token's request waits for a grant
+        // the ledger can make only at 1 s (40 + 10 tokens produced by then).
+        let mut c = checker_with_bound(0, 100 * T);
+        let waited = [admitted(0, 40), admitted(900, 9), answered(997, 1_080, 1)];
+        c.check_bounds(0, C, &waited.iter().collect::<Vec<_>>());
+        assert!(c.violations.is_empty(), "{:?}", c.violations);
+        // Answered within its window and still over B + r·Δ: caught at its answer.
+        let mut c = checker_with_bound(0, 100 * T);
+        let over = [admitted(0, 40), admitted(900, 9), answered(997, 999, 2)];
+        c.check_bounds(0, C, &over.iter().collect::<Vec<_>>());
+        assert_eq!(c.violations.len(), 1, "{:?}", c.violations);
+        assert_eq!(c.violations[0].at_ns, 999 * NS_PER_MS);
+        // Sent before a sample and answered after it: not counted in the window from it (it
+        // may have taken effect before), only in the windows from earlier samples.
+        let mut c = checker_with_bound(100 * T, 100 * T);
+        c.samples[0].push(Sample {
+            at_ns: 500 * NS_PER_MS,
+            bound: 0,
+            calendar_remaining: None,
+        });
+        let across = [answered(400, 600, 40), admitted(600, 40)];
+        c.check_bounds(0, C, &across.iter().collect::<Vec<_>>());
+        assert!(c.violations.is_empty(), "{:?}", c.violations);
     }
 
     #[test]

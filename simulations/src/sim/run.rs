@@ -793,13 +793,15 @@ fn judge(
         .into_iter()
         .zip(t.arrivals.iter())
         .map(|(r, a)| {
+            let sent_ns = u64::try_from(a.at.as_nanos()).unwrap_or(u64::MAX);
             r.unwrap_or(Record {
-                sent_ns: u64::try_from(a.at.as_nanos()).unwrap_or(u64::MAX),
+                sent_ns,
                 agent: a.agent,
                 key: a.key,
                 cost: a.cost,
                 answer: RequestAnswer::Error,
                 latency_us: 0,
+                answered_ns: sent_ns,
             })
         })
         .collect();
