@@ -13,8 +13,8 @@ use crate::arrivals::{Key, Record, RequestAnswer};
 
 /// Nanoseconds per millisecond.
 const NS_PER_MS: u64 = 1_000_000;
-/// How long an agent may hold a grant the most advanced ledger does not know before it counts
-/// as lost (a lagging node may be the most advanced one reachable for a moment).
+/// How long an agent may hold a grant the most advanced ledger does not know, once that ledger
+/// applied every log entry that can hold it, before it counts as lost (again).
 const LOST_AFTER_NS: u64 = 1_000 * NS_PER_MS;
 
 /// A key and region of one cluster generation: (generation, rule id, canonical key, region).
@@ -53,6 +53,9 @@ struct Held {
     spent_at_deadline: Option<Micros>,
     /// Since when the most advanced ledger has not known it.
     unknown_since: Option<u64>,
+    /// The highest log index any node held when it was first seen: its grant was answered
+    /// after its entry committed, so the entry is at or below this index.
+    log_bound: u64,
 }
 
 /// A snapshot of one allocation an agent holds, as observed.
@@ -95,6 +98,8 @@ pub struct Checker {
     samples: Vec<Vec<Sample>>,
     /// State losses: when, and each key's bound just before.
     losses: Vec<(u64, Vec<Micros>)>,
+    /// The highest Raft log index any node of this generation was seen to hold.
+    log_high: u64,
     /// Violations found, in order.
     pub violations: Vec<Violation>,
     /// Times `check_invariants` ran on a node.
@@ -151,12 +156,19 @@ impl Checker {
             .collect();
         self.losses.push((at_ns, before));
         self.generation += 1;
+        self.log_high = 0;
         let lost: Micros = self
             .stranded_now
             .iter()
             .fold(0, |a, s| a.saturating_add(*s));
         self.stranded_before = self.stranded_before.saturating_add(lost);
         self.stranded_now.iter_mut().for_each(|s| *s = 0);
+    }
+
+    /// Records the last log index of every live node (called before any node can crash, so an
+    /// entry a node appended is seen before the node goes down).
+    pub fn observe_logs(&mut self, last_indexes: impl IntoIterator<Item = u64>) {
+        self.log_high = last_indexes.into_iter().fold(self.log_high, u64::max);
     }
 
     /// Records the stranded tokens the most advanced ledger `l` counts for every key (the
@@ -255,9 +267,16 @@ impl Checker {
     }
 
     /// Checks what agent `agent` (named `holder`) holds at `now_ns` (its clock reads
-    /// `agent_now`) against the most advanced ledger `l`: every grant it holds is one the ledger
-    /// made to it (not lost, not another's), nothing reported exceeds what it spent, and no
-    /// allocation is spent after its local deadline.
+    /// `agent_now`) against the most advanced ledger `l` and the index of the last entry it
+    /// applied: every grant it holds is one the ledger made to it (not lost, not another's),
+    /// nothing reported exceeds what it spent, and no allocation is spent after its local
+    /// deadline.
+    ///
+    /// A grant is lost only if a ledger that applied every entry that can hold it does not know
+    /// it. A committed entry is only late on the surviving nodes when the leader crashes
+    /// before they learn it committed: they apply it once a new leader commits an entry of its
+    /// term, an election later (`allot-sim --seed 863`: 1.75 s, openraft's leader lease plus
+    /// election timeout).
     pub fn observe_agent(
         &mut self,
         now_ns: u64,
@@ -265,7 +284,7 @@ impl Checker {
         holder: &str,
         agent_now: u64,
         held: &[HeldView],
-        l: Option<&Ledger>,
+        l: Option<(&Ledger, u64)>,
     ) {
         let g = self.generation;
         let mut found: Vec<(&'static str, String)> = Vec::new();
@@ -288,6 +307,7 @@ impl Checker {
                 base: h.base,
                 spent_at_deadline: None,
                 unknown_since: None,
+                log_bound: self.log_high,
             });
             if agent_now >= h.deadline {
                 match entry.spent_at_deadline {
@@ -304,11 +324,11 @@ impl Checker {
                     Some(_) => {}
                 }
             }
-            let (Some(l), true) = (l, entry.generation == g) else {
+            let (Some((l, applied)), true) = (l, entry.generation == g) else {
                 continue;
             };
             match l.allocation(h.id) {
-                None if agent_now < h.deadline => {
+                None if agent_now < h.deadline && applied >= entry.log_bound => {
                     let since = *entry.unknown_since.get_or_insert(now_ns);
                     if now_ns - since >= LOST_AFTER_NS {
                         entry.unknown_since = Some(now_ns);
@@ -594,6 +614,34 @@ mod tests {
         let rs = [admitted(0, 40), admitted(1_000, 48)];
         c.check_bounds(0, C, &rs.iter().collect::<Vec<_>>());
         assert!(c.violations.is_empty(), "{:?}", c.violations);
+    }
+
+    #[test]
+    fn a_grant_is_lost_only_once_the_ledger_applied_past_its_entry() {
+        // Seed 863's shape: the leader answered a grant whose entry (index ≤ 571) the survivors
+        // hold but have not applied; nothing is lost while they wait for a new leader.
+        let held = HeldView {
+            id: 183,
+            epoch: 183,
+            granted: 2 * T,
+            base: 2 * T,
+            spent: 2 * T,
+            deadline: u64::MAX,
+            closed: false,
+        };
+        let empty = Ledger::default();
+        let mut c = Checker::new(1);
+        c.observe_logs([571, 568]);
+        for ms in (0..=2_000).step_by(10) {
+            c.observe_agent(ms * NS_PER_MS, 0, "g4", 0, &[held], Some((&empty, 570)));
+        }
+        assert!(c.violations.is_empty(), "{:?}", c.violations);
+        // Applied past every entry that can hold it and still unknown: lost.
+        for ms in (2_010..=3_010).step_by(10) {
+            c.observe_agent(ms * NS_PER_MS, 0, "g4", 0, &[held], Some((&empty, 572)));
+        }
+        assert_eq!(c.violations.len(), 1, "{:?}", c.violations);
+        assert_eq!(c.violations[0].kind, "grant-lost");
     }
 
     #[test]
