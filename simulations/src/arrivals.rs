@@ -60,6 +60,10 @@ pub struct Record {
     pub answer: RequestAnswer,
     /// From send to answer, µs.
     pub latency_us: u64,
+    /// When the answer came, ns from the run's origin (≥ `sent_ns`): an admission takes effect
+    /// between the send and the answer (a leased spend at the answer, a central decision when
+    /// the allocator applies it).
+    pub answered_ns: u64,
 }
 
 /// Most requests outstanding at once; past it the schedule waits (the record keeps the real
@@ -106,13 +110,17 @@ pub async fn drive(
                 _ => RequestAnswer::Error,
             };
             drop(permit);
+            let since_origin = |t: Instant| {
+                u64::try_from(t.duration_since(origin).as_nanos()).unwrap_or(u64::MAX)
+            };
             Record {
-                sent_ns: u64::try_from(sent.duration_since(origin).as_nanos()).unwrap_or(u64::MAX),
+                sent_ns: since_origin(sent),
                 agent: a.agent,
                 key: a.key,
                 cost: a.cost,
                 answer,
                 latency_us: u64::try_from(sent.elapsed().as_micros()).unwrap_or(u64::MAX),
+                answered_ns: since_origin(Instant::now()),
             }
         });
         while let Some(r) = tasks.try_join_next() {

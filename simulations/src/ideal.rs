@@ -71,6 +71,7 @@ mod tests {
             cost: 1,
             answer: RequestAnswer::Denied,
             latency_us: 0,
+            answered_ns: sent_ns,
         }
     }
 

@@ -1,6 +1,8 @@
 //! The deterministic simulation (issue 12): a seed replays bit for bit, and a short sweep of
 //! seeds with random fault schedules breaks no invariant. `allot-sim --seeds 1000` is the long
-//! sweep; seeds that once failed stay here as regressions.
+//! sweep; seeds that once failed stay here as regressions, a release-build test (`#[ignore]`d
+//! in the debug run; `scripts/test.sh` step 4 runs it with `cargo test --release --workspace
+//! --test sim -- --ignored`).
 
 use allot_simulations::sim::summary::{one, Summary};
 use allot_simulations::sim::workload::Workload;
@@ -59,6 +61,7 @@ fn a_short_sweep_breaks_no_invariant() {
 }
 
 #[test]
+#[ignore = "minutes in a debug build: scripts/test.sh runs it in release (-- --ignored)"]
 fn seeds_that_once_failed_stay_fixed() {
     // Found by `allot-sim --seeds 200` (default 12 s runs), both checker bugs around a state
     // loss: seed 12, a grant the lost cluster made just before the loss, answered after it,
@@ -80,7 +83,16 @@ fn seeds_that_once_failed_stay_fixed() {
     // an old Report was recorded against a new allocation (`stale-report-accepted`); seed 7
     // admitted beyond the bound after its state loss. Grants now carry the ledger's
     // incarnation, and a Report or Release of another incarnation is refused (design §3, §4).
-    for seed in [12, 80, 115, 35, 791, 7] {
+    //
+    // Found by `allot-sim --seeds 1000` on 721b3f6, both checker bugs: seed 484 (acme-burst,
+    // delayed leader) counted an admission at its send time, 5397.2 ms, though it waited 80 ms
+    // for tokens the ledger debited at 5400 ms: 0.028 tokens "over" B + r·Δ with a bound of 0.
+    // An admission now counts in the windows it surely falls in (sent after t₁, answered by
+    // t₂). Seed 863 (zipf-1000) crashed the leader just after it answered a grant: the
+    // survivors held the entry but applied it only once a new leader committed, 1.75 s later,
+    // and the grant was called lost after 1 s. A grant is now lost only when a ledger that
+    // applied past every log index it can sit at does not know it.
+    for seed in [12, 80, 115, 35, 791, 7, 484, 863] {
         let r = run(seed, &SimConfig::default()).expect("run");
         assert!(
             r.violations.is_empty(),

@@ -13,8 +13,8 @@ use crate::arrivals::{Key, Record, RequestAnswer};
 
 /// Nanoseconds per millisecond.
 const NS_PER_MS: u64 = 1_000_000;
-/// How long an agent may hold a grant the most advanced ledger does not know before it counts
-/// as lost (a lagging node may be the most advanced one reachable for a moment).
+/// How long an agent may hold a grant the most advanced ledger does not know, once that ledger
+/// applied every log entry that can hold it, before it counts as lost (again).
 const LOST_AFTER_NS: u64 = 1_000 * NS_PER_MS;
 
 /// A key and region of one cluster generation: (generation, rule id, canonical key, region).
@@ -53,6 +53,9 @@ struct Held {
     spent_at_deadline: Option<Micros>,
     /// Since when the most advanced ledger has not known it.
     unknown_since: Option<u64>,
+    /// The highest log index any node held when it was first seen: its grant was answered
+    /// after its entry committed, so the entry is at or below this index.
+    log_bound: u64,
 }
 
 /// A snapshot of one allocation an agent holds, as observed.
@@ -95,6 +98,8 @@ pub struct Checker {
     samples: Vec<Vec<Sample>>,
     /// State losses: when, and each key's bound just before.
     losses: Vec<(u64, Vec<Micros>)>,
+    /// The highest Raft log index any node of this generation was seen to hold.
+    log_high: u64,
     /// Violations found, in order.
     pub violations: Vec<Violation>,
     /// Times `check_invariants` ran on a node.
@@ -151,12 +156,19 @@ impl Checker {
             .collect();
         self.losses.push((at_ns, before));
         self.generation += 1;
+        self.log_high = 0;
         let lost: Micros = self
             .stranded_now
             .iter()
             .fold(0, |a, s| a.saturating_add(*s));
         self.stranded_before = self.stranded_before.saturating_add(lost);
         self.stranded_now.iter_mut().for_each(|s| *s = 0);
+    }
+
+    /// Records the last log index of every live node (called before any node can crash, so an
+    /// entry a node appended is seen before the node goes down).
+    pub fn observe_logs(&mut self, last_indexes: impl IntoIterator<Item = u64>) {
+        self.log_high = last_indexes.into_iter().fold(self.log_high, u64::max);
     }
 
     /// Records the stranded tokens the most advanced ledger `l` counts for every key (the
@@ -255,9 +267,16 @@ impl Checker {
     }
 
     /// Checks what agent `agent` (named `holder`) holds at `now_ns` (its clock reads
-    /// `agent_now`) against the most advanced ledger `l`: every grant it holds is one the ledger
-    /// made to it (not lost, not another's), nothing reported exceeds what it spent, and no
-    /// allocation is spent after its local deadline.
+    /// `agent_now`) against the most advanced ledger `l` and the index of the last entry it
+    /// applied: every grant it holds is one the ledger made to it (not lost, not another's),
+    /// nothing reported exceeds what it spent, and no allocation is spent after its local
+    /// deadline.
+    ///
+    /// A grant is lost only if a ledger that applied every entry that can hold it does not know
+    /// it. A committed entry is only late on the surviving nodes when the leader crashes
+    /// before they learn it committed: they apply it once a new leader commits an entry of its
+    /// term, an election later (`allot-sim --seed 863`: 1.75 s, openraft's leader lease plus
+    /// election timeout).
     pub fn observe_agent(
         &mut self,
         now_ns: u64,
@@ -265,7 +284,7 @@ impl Checker {
         holder: &str,
         agent_now: u64,
         held: &[HeldView],
-        l: Option<&Ledger>,
+        l: Option<(&Ledger, u64)>,
     ) {
         let g = self.generation;
         let mut found: Vec<(&'static str, String)> = Vec::new();
@@ -288,6 +307,7 @@ impl Checker {
                 base: h.base,
                 spent_at_deadline: None,
                 unknown_since: None,
+                log_bound: self.log_high,
             });
             if agent_now >= h.deadline {
                 match entry.spent_at_deadline {
@@ -304,11 +324,11 @@ impl Checker {
                     Some(_) => {}
                 }
             }
-            let (Some(l), true) = (l, entry.generation == g) else {
+            let (Some((l, applied)), true) = (l, entry.generation == g) else {
                 continue;
             };
             match l.allocation(h.id) {
-                None if agent_now < h.deadline => {
+                None if agent_now < h.deadline && applied >= entry.log_bound => {
                     let since = *entry.unknown_since.get_or_insert(now_ns);
                     if now_ns - since >= LOST_AFTER_NS {
                         entry.unknown_since = Some(now_ns);
@@ -397,19 +417,31 @@ impl Checker {
     /// Across a state loss the recreated bucket and quota start full (one B, one quota more)
     /// and the allocations live just before stay spendable (their bound) until they die.
     /// Returns the worst overshoot over B + r·Δ as a fraction of the bound, in ppm (0: none).
+    ///
+    /// An admission takes effect somewhere between its send and its answer (a leased spend at
+    /// the answer, after any wait for a grant; a central decision when the allocator applies
+    /// it), so a window counts the admissions surely inside it: sent at or after t₁, answered
+    /// by t₂. (Counted at its send time, a request that waited for a grant stamped after it
+    /// was sent looked like an overdraw: `allot-sim --seed 484`.)
     pub fn check_bounds(&mut self, k: usize, c: Contract, records: &[&Record]) -> u64 {
-        let admitted: Vec<(u64, Micros)> = records
+        // (sent, answered, cost) in the order of answers.
+        let mut admitted: Vec<(u64, u64, Micros)> = records
             .iter()
             .filter(|r| r.answer == RequestAnswer::Admitted)
-            .map(|r| (r.sent_ns, u64::from(r.cost) * MICROS_PER_TOKEN))
+            .map(|r| {
+                let cost = u64::from(r.cost) * MICROS_PER_TOKEN;
+                (r.sent_ns, r.answered_ns.max(r.sent_ns), cost)
+            })
             .collect();
+        admitted.sort_by_key(|&(sent, answered, _)| (answered, sent));
         let samples = std::mem::take(&mut self.samples[k]);
         let mut worst_ppm = 0u64;
         for s in &samples {
             let (carry, losses_after) = self.loss_terms(k, s.at_ns, c);
             let mut total: u128 = 0;
-            let first = admitted.partition_point(|(t, _)| *t < s.at_ns);
-            for &(t, cost) in &admitted[first..] {
+            let first = admitted.partition_point(|&(_, answered, _)| answered < s.at_ns);
+            let inside = admitted[first..].iter().filter(|&&(sent, ..)| sent >= s.at_ns);
+            for &(_, t, cost) in inside.clone() {
                 total += u128::from(cost);
                 let dt = u128::from(t - s.at_ns);
                 let refill = u128::from(c.rate_per_s) * dt / u128::from(NANOS_PER_SEC);
@@ -438,7 +470,7 @@ impl Checker {
                 }
             }
             if let (Some(quota), Some(left)) = (c.quota, s.calendar_remaining) {
-                let after: u128 = admitted[first..].iter().map(|(_, c)| u128::from(*c)).sum();
+                let after: u128 = inside.map(|&(.., cost)| u128::from(cost)).sum();
                 let fresh = u128::from(quota) * losses_after.len() as u128;
                 let allowed = u128::from(left) + u128::from(s.bound) + u128::from(carry) + fresh;
                 if after > allowed {
@@ -492,13 +524,18 @@ mod tests {
     };
 
     fn admitted(sent_ms: u64, cost: u32) -> Record {
+        answered(sent_ms, sent_ms, cost)
+    }
+
+    fn answered(sent_ms: u64, answered_ms: u64, cost: u32) -> Record {
         Record {
             sent_ns: sent_ms * NS_PER_MS,
             agent: 0,
             key: 0,
             cost,
             answer: RequestAnswer::Admitted,
-            latency_us: 0,
+            latency_us: (answered_ms - sent_ms) * 1_000,
+            answered_ns: answered_ms * NS_PER_MS,
         }
     }
 
@@ -529,6 +566,33 @@ mod tests {
     }
 
     #[test]
+    fn an_admission_counts_from_its_answer_and_only_in_windows_it_was_sent_in() {
+        // Seed 484's shape: B 40 at t = 0, 10/s; the last token's request waits for a grant
+        // the ledger can make only at 1 s (40 + 10 tokens produced by then).
+        let mut c = checker_with_bound(0, 100 * T);
+        let waited = [admitted(0, 40), admitted(900, 9), answered(997, 1_080, 1)];
+        c.check_bounds(0, C, &waited.iter().collect::<Vec<_>>());
+        assert!(c.violations.is_empty(), "{:?}", c.violations);
+        // Answered within its window and still over B + r·Δ: caught at its answer.
+        let mut c = checker_with_bound(0, 100 * T);
+        let over = [admitted(0, 40), admitted(900, 9), answered(997, 999, 2)];
+        c.check_bounds(0, C, &over.iter().collect::<Vec<_>>());
+        assert_eq!(c.violations.len(), 1, "{:?}", c.violations);
+        assert_eq!(c.violations[0].at_ns, 999 * NS_PER_MS);
+        // Sent before a sample and answered after it: not counted in the window from it (it
+        // may have taken effect before), only in the windows from earlier samples.
+        let mut c = checker_with_bound(100 * T, 100 * T);
+        c.samples[0].push(Sample {
+            at_ns: 500 * NS_PER_MS,
+            bound: 0,
+            calendar_remaining: None,
+        });
+        let across = [answered(400, 600, 40), admitted(600, 40)];
+        c.check_bounds(0, C, &across.iter().collect::<Vec<_>>());
+        assert!(c.violations.is_empty(), "{:?}", c.violations);
+    }
+
+    #[test]
     fn the_calendar_quota_plus_the_bound_is_the_most_admitted_after_a_sample() {
         let rs = [admitted(0, 10), admitted(5_000, 10), admitted(10_000, 3)];
         let mut c = checker_with_bound(2 * T, 20 * T);
@@ -550,6 +614,34 @@ mod tests {
         let rs = [admitted(0, 40), admitted(1_000, 48)];
         c.check_bounds(0, C, &rs.iter().collect::<Vec<_>>());
         assert!(c.violations.is_empty(), "{:?}", c.violations);
+    }
+
+    #[test]
+    fn a_grant_is_lost_only_once_the_ledger_applied_past_its_entry() {
+        // Seed 863's shape: the leader answered a grant whose entry (index ≤ 571) the survivors
+        // hold but have not applied; nothing is lost while they wait for a new leader.
+        let held = HeldView {
+            id: 183,
+            epoch: 183,
+            granted: 2 * T,
+            base: 2 * T,
+            spent: 2 * T,
+            deadline: u64::MAX,
+            closed: false,
+        };
+        let empty = Ledger::default();
+        let mut c = Checker::new(1);
+        c.observe_logs([571, 568]);
+        for ms in (0..=2_000).step_by(10) {
+            c.observe_agent(ms * NS_PER_MS, 0, "g4", 0, &[held], Some((&empty, 570)));
+        }
+        assert!(c.violations.is_empty(), "{:?}", c.violations);
+        // Applied past every entry that can hold it and still unknown: lost.
+        for ms in (2_010..=3_010).step_by(10) {
+            c.observe_agent(ms * NS_PER_MS, 0, "g4", 0, &[held], Some((&empty, 572)));
+        }
+        assert_eq!(c.violations.len(), 1, "{:?}", c.violations);
+        assert_eq!(c.violations[0].kind, "grant-lost");
     }
 
     #[test]

@@ -510,6 +510,11 @@ fn drive(
     for ms in 0..config.duration_ms {
         let now = ms * NS_PER_MS;
         set_driver_now(now);
+        checker.observe_logs(
+            d.nodes()
+                .iter()
+                .filter_map(|(_, n)| n.raft().metrics().borrow().last_log_index),
+        );
         for f in &p.faults {
             if f.at_ms == ms {
                 trace.push((now, format!("fault on: {f}")));
@@ -743,9 +748,12 @@ fn observe_agents(d: &Deployment, checker: &mut Checker, now: u64) {
         let agent_now = d.agent_clocks[i].now();
         let name = &d.agent_names[i];
         match &node {
-            Some(n) => n
-                .state()
-                .read(|l| checker.observe_agent(now, i, name, agent_now, &held, Some(l))),
+            Some(n) => {
+                let applied = n.state().last_applied_index().unwrap_or(0);
+                n.state().read(|l| {
+                    checker.observe_agent(now, i, name, agent_now, &held, Some((l, applied)));
+                });
+            }
             None => checker.observe_agent(now, i, name, agent_now, &held, None),
         }
     }
@@ -793,13 +801,15 @@ fn judge(
         .into_iter()
         .zip(t.arrivals.iter())
         .map(|(r, a)| {
+            let sent_ns = u64::try_from(a.at.as_nanos()).unwrap_or(u64::MAX);
             r.unwrap_or(Record {
-                sent_ns: u64::try_from(a.at.as_nanos()).unwrap_or(u64::MAX),
+                sent_ns,
                 agent: a.agent,
                 key: a.key,
                 cost: a.cost,
                 answer: RequestAnswer::Error,
                 latency_us: 0,
+                answered_ns: sent_ns,
             })
         })
         .collect();

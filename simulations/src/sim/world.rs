@@ -324,14 +324,15 @@ pub async fn run_agent(w: AgentWorld) -> turmoil::Result {
             // next 1 ms step before (simulation resolution, not decision latency).
             let issued = true_ns();
             let answer = decide(&enforcer, &keys[a.key], a.cost).await;
-            let latency_us = (true_ns().saturating_sub(issued)) / 1_000;
+            let answered_ns = true_ns();
             answers.lock()[i] = Some(Record {
                 sent_ns: at,
                 agent: a.agent,
                 key: a.key,
                 cost: a.cost,
                 answer,
-                latency_us,
+                latency_us: answered_ns.saturating_sub(issued) / 1_000,
+                answered_ns,
             });
         });
     }
