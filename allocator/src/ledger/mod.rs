@@ -37,6 +37,7 @@ mod invariants;
 mod policy;
 mod rates;
 mod settle;
+mod small_map;
 mod sources;
 mod tables;
 mod types;
@@ -59,6 +60,7 @@ use allot_common::algorithm::{AlgorithmKind, LimitParams, LimitState};
 use allot_common::config::DomainConfig;
 use allot_common::units::{millis_to_nanos, Micros};
 use serde::{Deserialize, Serialize};
+use small_map::SmallMap;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 /// How long an Acquire or Decide answer is kept for retries with the same request id, in ms.
@@ -177,7 +179,7 @@ struct RegionKeyState {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 struct KeyState {
     global: Bucket,
-    regions: BTreeMap<String, RegionKeyState>,
+    regions: SmallMap<String, RegionKeyState>,
     /// (period start ms, microtokens used) of the calendar quota.
     calendar: Option<(u64, Micros)>,
     live: u64,
@@ -264,7 +266,7 @@ pub struct Ledger {
     ended: VecDeque<(u64, u64)>,
     next_id: u64,
     /// Recent asks per (key, region): holder → ask, for fair division.
-    demands: BTreeMap<(KeyId, String), BTreeMap<String, division::Ask>>,
+    demands: BTreeMap<(KeyId, String), SmallMap<String, division::Ask>>,
     /// (holder, request id) → (time, answer).
     requests: BTreeMap<(String, String), (u64, Response)>,
     request_times: BTreeSet<(u64, String, String)>,
