@@ -50,7 +50,10 @@ pub use handoff::HYSTERESIS_PPM;
 pub use invariants::InvariantError;
 pub use rates::MAX_RATE_PPM;
 pub use sources::MAX_ID_BYTES;
-pub use tables::{TableCounters, TableKind, TableStats, TableUsage, EVICTION_PROBES};
+pub use tables::{
+    TableCounters, TableKind, TableStats, TableUsage, EVICTION_PROBES, IDLE_KEY_RETENTION_MS,
+    MAX_FORGOTTEN_PER_CHECK,
+};
 pub use types::{
     Acquire, Command, Decide, Decided, Denial, Grant, KeyStatus, PolicyKey, RegionStatus, Response,
     Share, ShareSpec,
@@ -291,7 +294,8 @@ pub struct Ledger {
 impl Ledger {
     /// Applies `cmd` at the leader-stamped `now_ms` (clamped so time never goes back).
     pub fn apply_at(&mut self, cmd: &Command, now_ms: u64) -> Response {
-        let now = now_ms.max(self.last_ms);
+        let prev_ms = self.last_ms;
+        let now = now_ms.max(prev_ms);
         self.last_ms = now;
         if self.incarnation == 0 {
             self.incarnation = now.clamp(1, LEGACY_INCARNATION - 1);
@@ -299,6 +303,7 @@ impl Ledger {
         self.expire(now);
         self.forget_requests(now);
         self.forget_admin(now);
+        self.forget_idle_keys(prev_ms, now);
         let r = match cmd {
             Command::PutPolicy {
                 yaml,
