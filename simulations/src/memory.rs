@@ -94,6 +94,8 @@ pub struct PartReport {
     pub samples: Vec<(u64, Rss, Held)>,
     /// The load that made the keys known (or the steady load, summed).
     pub load: LoadSummary,
+    /// Processes that did not stop cleanly after the part (after its figures were read).
+    pub unclean_exits: Vec<String>,
 }
 
 /// Answers of the load of a part.
@@ -317,10 +319,10 @@ pub async fn run(o: &Options, mut progress: impl FnMut(&str)) -> Result<Vec<Part
         let d = Deployment::start(&plan).await?;
         let r = run_part(&d, part, o, &mut progress).await;
         let unclean = d.shutdown().await;
-        let r = r?;
-        if !unclean.is_empty() {
-            bail!("{part}: unclean exits: {unclean:?}");
-        }
+        let mut r = r?;
+        // Reported, not fatal: the figures were read before the shutdown (an agent releasing
+        // 100,000 allocations on a loaded machine can outlast the launcher's 10 s).
+        r.unclean_exits = unclean;
         out.push(r);
     }
     Ok(out)
@@ -450,6 +452,7 @@ async fn run_part(
         baseline,
         samples,
         load,
+        unclean_exits: Vec::new(),
     })
 }
 
@@ -586,6 +589,9 @@ pub fn table(reports: &[PartReport]) -> String {
             "{}: {} (load: {} sent, {} admitted, {} denied, {} failed)\n",
             r.part, r.what, l.sent, l.ok, l.over_limit, l.errors
         );
+        for u in &r.unclean_exits {
+            out += &format!("{}: after the measurement, unclean exit: {u}\n", r.part);
+        }
     }
     out.push('\n');
     for row in &rows {
