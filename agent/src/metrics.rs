@@ -473,7 +473,7 @@ fn register_labelled(
         .build();
 }
 
-/// Gauges of the book's state: the overshoot bound, allocations held, reachability.
+/// Gauges of the book's state: the overshoot bound, allocations held, keys, reachability.
 fn register_lease_gauges(meter: &Meter, book: &Arc<LeaseBook>) {
     let b = book.clone();
     meter
@@ -494,6 +494,12 @@ fn register_lease_gauges(meter: &Meter, book: &Arc<LeaseBook>) {
         .build();
     let b = book.clone();
     meter
+        .u64_observable_gauge("allot_agent_lease_keys")
+        .with_description("Keys of scope: global rules this agent remembers now")
+        .with_callback(move |o| o.observe(lease_keys(&b), &[]))
+        .build();
+    let b = book.clone();
+    meter
         .u64_observable_gauge("allot_agent_allocator_reachable")
         .with_description("1 when the last allocator call succeeded, else 0")
         .with_callback(move |o| o.observe(u64::from(b.is_reachable()), &[]))
@@ -508,6 +514,11 @@ fn seconds(ns: Nanos) -> String {
     }
     let digits = format!("{frac:09}");
     format!("{s}.{}", digits.trim_end_matches('0'))
+}
+
+/// Keys remembered across every leased rule's table.
+pub fn lease_keys(book: &LeaseBook) -> u64 {
+    book.tables().iter().map(|t| t.len()).sum()
 }
 
 /// Allocations held across every key.

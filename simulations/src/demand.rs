@@ -6,6 +6,7 @@
 
 use crate::arrivals::{drive, paced, Arrival, Key, Record, RequestAnswer};
 use crate::local::{allocator_client, Deployment};
+use crate::memory::rss_bytes;
 use crate::table::column_width;
 use crate::zipf::{SplitMix64, Zipf};
 use allot_common::config::{ConfigSet, Scope};
@@ -351,20 +352,6 @@ impl<'a> Run<'a> {
 
 /// Most keys whose bound is read after one part.
 const MAX_BOUND_READS: usize = 50;
-
-/// VmRSS of process `pid`, bytes (Linux; None elsewhere).
-fn rss_bytes(pid: u32) -> Option<u64> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let kb: u64 = s
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))?
-        .trim()
-        .trim_end_matches("kB")
-        .trim()
-        .parse()
-        .ok()?;
-    kb.checked_mul(1024)
-}
 
 /// Runs the parts named in `only` (all when empty) in the order of [`PARTS`].
 ///

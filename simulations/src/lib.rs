@@ -8,6 +8,7 @@
 //! * [`demand`]: quota follows demand — parts whose recorded arrivals are replayed through the
 //!   [`ideal`] central counter, with [`arrivals`] the recorded traffic and [`zipf`] key
 //!   popularity;
+//! * [`memory`]: resident memory per key of the agent and the allocator (`allot-bench memory`);
 //! * [`sim`]: the deterministic simulation of the whole system under seeded faults
 //!   (`allot-sim`);
 //! * [`strategy`]: the strategy table and the lease sweep built on it (`allot-sim strategies`).
@@ -18,6 +19,7 @@ pub mod arrivals;
 pub mod demand;
 pub mod ideal;
 pub mod local;
+pub mod memory;
 pub mod noop;
 pub mod rls;
 pub mod scenario;

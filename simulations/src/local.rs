@@ -100,6 +100,11 @@ pub struct Plan {
     pub envoy: Option<PathBuf>,
     /// Regions whose agents get an Envoy gateway.
     pub gateway_regions: Vec<String>,
+    /// Allocator nodes of the cluster (3 for the story; 1 is a cluster of one).
+    pub allocator_nodes: u64,
+    /// Settings file every agent is started with (`--config`), e.g. its `lease:` settings;
+    /// `None`: the defaults.
+    pub agent_settings: Option<PathBuf>,
 }
 
 /// Where a child binds: loopback, a port the system picks.
@@ -322,11 +327,14 @@ impl AgentProc {
         &mut self,
         bin: &Path,
         allocators: &[String],
-        policies: &Path,
+        plan: &Plan,
         logs: &Path,
         ready: &Path,
     ) -> Result<()> {
         let mut cmd = Command::new(bin.join("allot-agent"));
+        if let Some(settings) = &plan.agent_settings {
+            cmd.arg("--config").arg(settings);
+        }
         cmd.arg("--agent-id")
             .arg(&self.id)
             .arg("--region")
@@ -338,7 +346,7 @@ impl AgentProc {
             .arg("--ready-file")
             .arg(ready)
             .arg("--policies")
-            .arg(policies);
+            .arg(&plan.policies);
         for a in allocators {
             cmd.arg("--allocator").arg(a);
         }
@@ -434,7 +442,7 @@ impl Deployment {
             policies: plan.policies.clone(),
             logs,
         };
-        d.start_allocators(3).await?;
+        d.start_allocators(plan.allocator_nodes.max(1)).await?;
         d.wait_leader(Duration::from_secs(30)).await?;
         let endpoints: Vec<String> = d.allocators.iter().map(|a| a.addr.clone()).collect();
         let ready_dir = d.data_dir.join("ready");
@@ -449,7 +457,7 @@ impl Deployment {
                     child: None,
                 };
                 let ready = ready_dir.join(format!("agent-{}", a.id));
-                a.spawn(&d.bin_dir, &endpoints, &d.policies, &d.logs, &ready)?;
+                a.spawn(&d.bin_dir, &endpoints, plan, &d.logs, &ready)?;
                 d.agents.push(a);
             }
         }

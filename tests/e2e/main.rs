@@ -51,6 +51,8 @@ async fn start(name: &str) -> (Deployment, PathBuf, PathBuf) {
         ],
         envoy: None,
         gateway_regions: Vec::new(),
+        allocator_nodes: 3,
+        agent_settings: None,
     };
     let d = Deployment::start(&plan).await.expect("deployment starts");
     (d, data, policies)

@@ -273,6 +273,7 @@ async fn health_status_and_metrics() {
         m.text
     );
     assert!(has("allot_agent_allocations_held", &[], "0"), "{}", m.text);
+    assert!(has("allot_agent_lease_keys", &[], "0"), "{}", m.text);
     assert!(
         m.text
             .contains("allot_agent_decision_latency_seconds_bucket"),

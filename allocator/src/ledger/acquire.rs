@@ -212,7 +212,7 @@ impl Ledger {
         // The rate's promise comes from the refill as it accrues, but the calendar quota counts
         // it all now: the holder may spend every promised token before it reports.
         charge_calendar(ks, rule, base.avail.period_start, rate.promised);
-        let region = ks.regions.entry(a.region.clone()).or_default();
+        let region = ks.regions.entry_or_default(a.region.clone());
         let charged = ChargedTo {
             global: ks.global.params.kind(),
             region: region.bucket.as_ref().map(|b| b.params.kind()),

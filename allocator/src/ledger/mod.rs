@@ -37,6 +37,7 @@ mod invariants;
 mod policy;
 mod rates;
 mod settle;
+mod small_map;
 mod sources;
 mod tables;
 mod types;
@@ -49,7 +50,10 @@ pub use handoff::HYSTERESIS_PPM;
 pub use invariants::InvariantError;
 pub use rates::MAX_RATE_PPM;
 pub use sources::MAX_ID_BYTES;
-pub use tables::{TableCounters, TableKind, TableStats, TableUsage, EVICTION_PROBES};
+pub use tables::{
+    TableCounters, TableKind, TableStats, TableUsage, EVICTION_PROBES, IDLE_KEY_RETENTION_MS,
+    MAX_FORGOTTEN_PER_CHECK,
+};
 pub use types::{
     Acquire, Command, Decide, Decided, Denial, Grant, KeyStatus, PolicyKey, RegionStatus, Response,
     Share, ShareSpec,
@@ -59,6 +63,7 @@ use allot_common::algorithm::{AlgorithmKind, LimitParams, LimitState};
 use allot_common::config::DomainConfig;
 use allot_common::units::{millis_to_nanos, Micros};
 use serde::{Deserialize, Serialize};
+use small_map::SmallMap;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 /// How long an Acquire or Decide answer is kept for retries with the same request id, in ms.
@@ -177,7 +182,7 @@ struct RegionKeyState {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 struct KeyState {
     global: Bucket,
-    regions: BTreeMap<String, RegionKeyState>,
+    regions: SmallMap<String, RegionKeyState>,
     /// (period start ms, microtokens used) of the calendar quota.
     calendar: Option<(u64, Micros)>,
     live: u64,
@@ -264,7 +269,7 @@ pub struct Ledger {
     ended: VecDeque<(u64, u64)>,
     next_id: u64,
     /// Recent asks per (key, region): holder → ask, for fair division.
-    demands: BTreeMap<(KeyId, String), BTreeMap<String, division::Ask>>,
+    demands: BTreeMap<(KeyId, String), SmallMap<String, division::Ask>>,
     /// (holder, request id) → (time, answer).
     requests: BTreeMap<(String, String), (u64, Response)>,
     request_times: BTreeSet<(u64, String, String)>,
@@ -289,7 +294,8 @@ pub struct Ledger {
 impl Ledger {
     /// Applies `cmd` at the leader-stamped `now_ms` (clamped so time never goes back).
     pub fn apply_at(&mut self, cmd: &Command, now_ms: u64) -> Response {
-        let now = now_ms.max(self.last_ms);
+        let prev_ms = self.last_ms;
+        let now = now_ms.max(prev_ms);
         self.last_ms = now;
         if self.incarnation == 0 {
             self.incarnation = now.clamp(1, LEGACY_INCARNATION - 1);
@@ -297,6 +303,7 @@ impl Ledger {
         self.expire(now);
         self.forget_requests(now);
         self.forget_admin(now);
+        self.forget_idle_keys(prev_ms, now);
         let r = match cmd {
             Command::PutPolicy {
                 yaml,

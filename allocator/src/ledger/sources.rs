@@ -217,7 +217,7 @@ fn retune_buckets(
     let diverted_params = diverted(params, key_rate_ppm(ks));
     retune(&mut ks.global, diverted_params, activated_ns);
     let new_region = !ks.regions.contains_key(region);
-    let part = ks.regions.entry(region.to_string()).or_default();
+    let part = ks.regions.entry_or_default(region.to_string());
     let region_rates = part.rate_ppm_live;
     match (
         ppm.and_then(|p| region_params(params, p, region_rates)),

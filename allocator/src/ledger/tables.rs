@@ -35,6 +35,18 @@ use std::collections::{BTreeMap, BTreeSet};
 /// time stale (it is filed again at its new time).
 pub const EVICTION_PROBES: u64 = 4;
 
+/// How long the ledger keeps a key after it became idle ([`is_idle`]: nothing live, buckets
+/// full, no calendar usage of the current period) before forgetting it on its own, ms, at
+/// least: a rule whose lease TTL plus drift is longer keeps its keys that long (its holders'
+/// asks count that long). A forgotten key is recreated as new at its next request, with full
+/// buckets, exactly the state it had (issue 13 item 3: without this the table grows to
+/// `max_keys` with every key ever seen).
+pub const IDLE_KEY_RETENTION_MS: u64 = 60_000;
+
+/// Most idle keys forgotten at one check ([`Ledger::forget_idle_keys`]), bounding the work of
+/// the command that runs it.
+pub const MAX_FORGOTTEN_PER_CHECK: usize = 1_024;
+
 /// A table the ledger caps, for counting (a refusal names the full table itself, with its
 /// policy and region: [`Table`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -190,6 +202,14 @@ impl KeyIndex {
         self.per_rule.get(rule_id).copied().unwrap_or(0)
     }
 
+    /// The idle entry of `kid`, if any (a scan of its rule's entries: for a broken index only).
+    fn first_of(&self, kid: &KeyId) -> Option<&(String, u64, Vec<u8>)> {
+        self.idle
+            .range((kid.0.clone(), 0, Vec::new())..)
+            .take_while(|(r, _, _)| *r == kid.0)
+            .find(|(_, _, k)| *k == kid.1)
+    }
+
     /// The key of `rule_id` that becomes idle first, with that time.
     fn first_idle(&self, rule_id: &str) -> Option<(u64, Vec<u8>)> {
         let (r, at, key) = self
@@ -307,7 +327,6 @@ impl Ledger {
     /// # Errors
     /// [`LedgerError::TableFull`] when no key of the rule is idle (counted; nothing evicted).
     pub(super) fn make_room(&mut self, rule: &Rule, now: u64) -> Result<(), LedgerError> {
-        let now_ns = millis_to_nanos(now);
         for _ in 0..EVICTION_PROBES {
             if self.index.count(&rule.id) < rule.max_keys {
                 return Ok(());
@@ -320,25 +339,8 @@ impl Ledger {
                 break;
             }
             let kid = (rule.id.clone(), key);
-            if self
-                .keys
-                .get(&kid)
-                .is_some_and(|ks| is_idle(ks, rule, now_ns))
-            {
-                self.evict_key(&kid);
-                continue;
-            }
-            // The entry's time went stale (the policy changed since it was filed): file it at
-            // its time under the state as it is, never at or before now, so it is not looked
-            // at again in this command.
-            let at = self
-                .keys
-                .get(&kid)
-                .and_then(|ks| idle_at(ks, rule, now))
-                .map(|t| t.max(now.saturating_add(1)));
-            if let Some(ks) = self.keys.get_mut(&kid) {
-                let old = std::mem::replace(&mut ks.idle_at_ms, at);
-                self.index.refiled(&kid, old, at);
+            if self.drop_if_idle(&kid, rule, now) {
+                self.stats.evicted(TableKind::Keys);
             }
         }
         if self.index.count(&rule.id) < rule.max_keys {
@@ -353,8 +355,40 @@ impl Ledger {
         })
     }
 
-    /// Drops an idle key with its asks: O(log keys + its regions).
-    fn evict_key(&mut self, kid: &KeyId) {
+    /// Drops `kid` with its asks when it is idle at `now` (Unix ms) and returns true; else its
+    /// idle entry went stale (the policy changed since it was filed) and is filed again at its
+    /// time under the state as it is, never at or before now, so this command does not look at
+    /// it again.
+    fn drop_if_idle(&mut self, kid: &KeyId, rule: &Rule, now: u64) -> bool {
+        let now_ns = millis_to_nanos(now);
+        if self
+            .keys
+            .get(kid)
+            .is_some_and(|ks| is_idle(ks, rule, now_ns))
+        {
+            self.drop_key(kid);
+            return true;
+        }
+        let at = self
+            .keys
+            .get(kid)
+            .and_then(|ks| idle_at(ks, rule, now))
+            .map(|t| t.max(now.saturating_add(1)));
+        if let Some(ks) = self.keys.get_mut(kid) {
+            let old = std::mem::replace(&mut ks.idle_at_ms, at);
+            self.index.refiled(kid, old, at);
+            return false;
+        }
+        // An index entry without its key cannot be: drop it rather than look at it again.
+        let orphan = self.index.first_of(kid).map(|e| e.1);
+        if let Some(at) = orphan {
+            self.index.idle.remove(&(kid.0.clone(), at, kid.1.clone()));
+        }
+        false
+    }
+
+    /// Drops a key with its asks: O(log keys + its regions).
+    fn drop_key(&mut self, kid: &KeyId) {
         let Some(ks) = self.keys.remove(kid) else {
             return;
         };
@@ -364,7 +398,47 @@ impl Ledger {
                 self.index.asks_changed(m.len(), 0);
             }
         }
-        self.stats.evicted(TableKind::Keys);
+    }
+
+    /// Forgets the keys idle for their retention ([`IDLE_KEY_RETENTION_MS`], or the rule's lease
+    /// TTL plus drift when longer), oldest first, at most [`MAX_FORGOTTEN_PER_CHECK`]. Runs at
+    /// the first command of each ledger second (`prev_ms` the ledger time before it, `now` its
+    /// time): decided by ledger time alone, so every replica, restored from a snapshot or not,
+    /// forgets the same keys at the same command. Forgetting loses nothing: an idle key is
+    /// recreated at its next request exactly as it was (full buckets, nothing live); allocation
+    /// ids are never reused and ended allocations are kept on their own terms, so fencing is
+    /// unchanged.
+    pub(super) fn forget_idle_keys(&mut self, prev_ms: u64, now: u64) {
+        if now / 1_000 == prev_ms / 1_000 {
+            return;
+        }
+        let mut budget = MAX_FORGOTTEN_PER_CHECK;
+        let mut next_rule = self.index.idle.first().map(|(r, _, _)| r.clone());
+        while let Some(rule_id) = next_rule.take() {
+            if let Some(rule) = self.rule_by_id(&rule_id).cloned() {
+                let keep = IDLE_KEY_RETENTION_MS.max(super::division::idle_after_ms(&rule));
+                while budget > 0 {
+                    let Some((at, key)) = self.index.first_idle(&rule_id) else {
+                        break;
+                    };
+                    if at.saturating_add(keep) > now {
+                        break;
+                    }
+                    budget -= 1;
+                    self.drop_if_idle(&(rule_id.clone(), key), &rule, now);
+                }
+            }
+            if budget == 0 {
+                return;
+            }
+            // The next rule with idle entries: the first entry after every one of this rule.
+            next_rule = self
+                .index
+                .idle
+                .range((format!("{rule_id}\0"), 0, Vec::new())..)
+                .next()
+                .map(|(r, _, _)| r.clone());
+        }
     }
 
     /// The refusal a request of `holder` in `region` for an existing key meets, checked before

@@ -1,7 +1,9 @@
 //! `allot-bench rls --target ADDR --rate N --duration S`: an open-loop load generator for any
 //! Envoy rate limit service (v3), reporting throughput and latency percentiles measured from
-//! each request's scheduled time.
+//! each request's scheduled time. `allot-bench memory`: resident memory per key of a release
+//! agent and allocator (issue 13 item 3).
 
+use allot_simulations::memory;
 use allot_simulations::rls::{run_load, Keys};
 use allot_simulations::zipf::Zipf;
 use anyhow::{bail, Result};
@@ -105,6 +107,41 @@ enum Command {
         /// Descriptor entries, key=value (repeatable).
         #[arg(long = "entry")]
         entries: Vec<String>,
+    },
+    /// Resident memory per key of the agent and the allocator (issue 13 item 3): starts one
+    /// allocator node and one agent per part (binaries from --bin-dir), makes --keys keys known
+    /// and reads each process's VmRSS against its baseline after start-up. Parts: idle (agent,
+    /// keys that hold nothing), leased (allocator, every key holding a live allocation), steady
+    /// (Zipf load, RSS sampled every --sample-s for --duration-s).
+    Memory {
+        /// Distinct keys.
+        #[arg(long, default_value_t = 100_000)]
+        keys: u32,
+        /// Requests per second while the keys are made known (one request a key).
+        #[arg(long, default_value_t = 2_000)]
+        fill_rate: u64,
+        /// Requests per second of the steady part.
+        #[arg(long, default_value_t = 2_000)]
+        steady_rate: u64,
+        /// Seconds of the steady part.
+        #[arg(long, default_value_t = 600)]
+        duration_s: u64,
+        /// Seconds between two samples of the steady part.
+        #[arg(long, default_value_t = 60)]
+        sample_s: u64,
+        /// Run only this part (repeatable): idle, leased, steady.
+        #[arg(long = "part")]
+        parts: Vec<String>,
+        /// Folder of allot-allocator and allot-agent [default: $ALLOT_BIN_DIR, else this
+        /// binary's folder].
+        #[arg(long)]
+        bin_dir: Option<std::path::PathBuf>,
+        /// Data folder [default: a new temporary folder, removed at exit].
+        #[arg(long)]
+        data_dir: Option<std::path::PathBuf>,
+        /// Print one JSON document instead of a table.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -260,6 +297,57 @@ async fn run(command: Command) -> Result<()> {
                 "latency µs from schedule  p50 {}  p99 {}  p99.9 {}  max {}",
                 r.p50_us, r.p99_us, r.p999_us, r.max_us
             );
+            Ok(())
+        }
+        Command::Memory {
+            keys,
+            fill_rate,
+            steady_rate,
+            duration_s,
+            sample_s,
+            parts,
+            bin_dir,
+            data_dir,
+            json,
+        } => {
+            let bin_dir =
+                match bin_dir.or_else(|| std::env::var_os("ALLOT_BIN_DIR").map(Into::into)) {
+                    Some(d) => d,
+                    None => std::env::current_exe()?
+                        .parent()
+                        .map(std::path::Path::to_path_buf)
+                        .unwrap_or_default(),
+                };
+            if !memory::has_binaries(&bin_dir) {
+                bail!(
+                    "allot-allocator and allot-agent not found in {}: cargo build --release -p allot-allocator -p allot-agent",
+                    bin_dir.display()
+                );
+            }
+            let (data_dir, temp) = match data_dir {
+                Some(d) => (d, false),
+                None => (memory::temp_dir(), true),
+            };
+            let o = memory::Options {
+                bin_dir,
+                data_dir: data_dir.clone(),
+                keys,
+                fill_rate,
+                steady_rate,
+                duration: Duration::from_secs(duration_s),
+                sample: Duration::from_secs(sample_s),
+                parts,
+            };
+            let r = memory::run(&o, |line| eprintln!("{line}")).await;
+            if temp {
+                let _ = std::fs::remove_dir_all(&data_dir);
+            }
+            let r = r?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&r)?);
+            } else {
+                print!("{}", memory::table(&r));
+            }
             Ok(())
         }
         Command::Noop { listen, ready_file } => {

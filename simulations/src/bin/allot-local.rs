@@ -144,6 +144,8 @@ async fn main() -> Result<()> {
             ("us-east".into(), 3),
             ("ap-south".into(), 1),
         ],
+        allocator_nodes: 3,
+        agent_settings: None,
     };
     eprintln!(
         "starting 3 allocators and 7 agents under {}",

@@ -1,0 +1,669 @@
+//! `allot-bench memory` (issue 13 item 3): resident memory per key of the agent and the
+//! allocator, measured on real processes.
+//!
+//! Each part starts its own deployment (one allocator node, a cluster of one, and one agent;
+//! [`crate::local`]), reads both processes' `VmRSS` once they answer (the baseline), drives
+//! keys through the agent's Envoy RLS API and reads `VmRSS` again. Bytes per key is the growth
+//! over the baseline divided by the keys the processes report holding (the agent's
+//! `allot_agent_lease_keys`, the allocator's `keys` table), so a key that was refused or
+//! forgotten is not counted as measured.
+//!
+//! * **idle**: one request per key with the default settings (a key seen once is decided
+//!   centrally, by the allocator's `Decide`), then no traffic for longer than the lease TTL +
+//!   drift and until the agent holds no allocation: the agent's cost of a key it remembers but
+//!   holds nothing for. Idle keys are kept for the measurement (`idle_evict_ms` 1 h; by default
+//!   they are forgotten after 60 s).
+//! * **leased**: the same with a 15-minute lease (`memory-leased.yaml`) and no early return, so
+//!   every key holds one live allocation at once: the allocator's cost of a key with a live
+//!   allocation (the agent's is reported too).
+//! * **steady**: default agent settings (central decisions for the tail, leases for the head,
+//!   idle keys forgotten after 60 s), Zipf(1.1) over the keys at a fixed rate; both RSS sampled
+//!   every `sample` for `duration`: the series, and the growth over the run and over its second
+//!   half.
+
+use crate::local::{allocator_client, assemble_policies, Deployment, Plan};
+use crate::rls::{run_load, Keys, LoadReport};
+use crate::zipf::Zipf;
+use allot_proto::allot::v1 as pb;
+use anyhow::{bail, Context, Result};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// The parts, in the order they run.
+pub const PARTS: [&str; 3] = ["idle", "leased", "steady"];
+
+/// Target of issue 13: bytes per idle key in the agent (1 KB, read as 1,000 bytes).
+pub const AGENT_IDLE_TARGET: f64 = 1_000.0;
+/// Target of issue 13: bytes per key with a live allocation in the allocator (2 KB).
+pub const ALLOCATOR_LEASED_TARGET: f64 = 2_000.0;
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Folder of `allot-allocator` and `allot-agent`.
+    pub bin_dir: PathBuf,
+    /// Root data folder (one subfolder a part).
+    pub data_dir: PathBuf,
+    /// Distinct keys.
+    pub keys: u32,
+    /// Requests per second while keys are made known (one request a key).
+    pub fill_rate: u64,
+    /// Requests per second of the steady part.
+    pub steady_rate: u64,
+    /// Length of the steady part.
+    pub duration: Duration,
+    /// Time between two samples of the steady part.
+    pub sample: Duration,
+    /// Parts to run (all when empty).
+    pub parts: Vec<String>,
+}
+
+/// Resident memory of the two processes, bytes.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct Rss {
+    /// The agent's VmRSS.
+    pub agent: u64,
+    /// The allocator's VmRSS.
+    pub allocator: u64,
+}
+
+/// What the processes said they hold when a sample was read.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Held {
+    /// Keys of leased rules the agent remembers (`allot_agent_lease_keys`).
+    pub agent_keys: u64,
+    /// Allocations the agent holds (`allot_agent_allocations_held`).
+    pub agent_allocations: u64,
+    /// The allocator's capped tables: name → entries (`keys`, `allocations`, `requests`, …).
+    pub allocator_tables: BTreeMap<String, u64>,
+}
+
+/// One measured part.
+#[derive(Debug, Clone, Serialize)]
+pub struct PartReport {
+    /// Part name.
+    pub part: String,
+    /// What was done.
+    pub what: String,
+    /// RSS right after start-up.
+    pub baseline: Rss,
+    /// RSS at the measurement (idle, leased) or the samples (steady: seconds since the load
+    /// started, RSS, what was held).
+    pub samples: Vec<(u64, Rss, Held)>,
+    /// The load that made the keys known (or the steady load, summed).
+    pub load: LoadSummary,
+    /// Processes that did not stop cleanly after the part (after its figures were read).
+    pub unclean_exits: Vec<String>,
+}
+
+/// Answers of the load of a part.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct LoadSummary {
+    /// Requests sent.
+    pub sent: u64,
+    /// Admitted.
+    pub ok: u64,
+    /// Denied.
+    pub over_limit: u64,
+    /// Failed.
+    pub errors: u64,
+}
+
+impl LoadSummary {
+    fn add(&mut self, r: &LoadReport) {
+        self.sent += r.sent;
+        self.ok += r.ok;
+        self.over_limit += r.over_limit;
+        self.errors += r.errors;
+    }
+}
+
+/// Growth of `after` over `before` divided by `n`, bytes (negative when it shrank).
+pub fn per_key(before: u64, after: u64, n: u64) -> f64 {
+    (after as f64 - before as f64) / n.max(1) as f64
+}
+
+impl PartReport {
+    /// The last sample.
+    fn last(&self) -> Option<&(u64, Rss, Held)> {
+        self.samples.last()
+    }
+
+    /// Rows of the summary table: (figure, measured, target, met).
+    pub fn rows(&self) -> Vec<[String; 4]> {
+        let mut rows = Vec::new();
+        let Some((_, rss, held)) = self.last() else {
+            return rows;
+        };
+        let b = &self.baseline;
+        let alloc_keys = held
+            .allocator_tables
+            .get("policy_keys")
+            .copied()
+            .unwrap_or(0);
+        let alloc_live = held
+            .allocator_tables
+            .get("allocations")
+            .copied()
+            .unwrap_or(0);
+        let agent = per_key(b.agent, rss.agent, held.agent_keys);
+        let allocator = per_key(b.allocator, rss.allocator, alloc_keys);
+        let mb = |x: u64| format!("{:.1} MB", x as f64 / 1e6);
+        match self.part.as_str() {
+            "idle" => {
+                rows.push([
+                    format!(
+                        "agent, idle key ({} keys, {} allocations held)",
+                        held.agent_keys, held.agent_allocations
+                    ),
+                    format!("{agent:.0} B/key ({} → {})", mb(b.agent), mb(rss.agent)),
+                    "≤ 1,000 B".into(),
+                    yes(agent <= AGENT_IDLE_TARGET),
+                ]);
+                rows.push([
+                    format!("allocator, key with no live allocation ({alloc_keys} keys, {alloc_live} live)"),
+                    format!("{allocator:.0} B/key ({} → {})", mb(b.allocator), mb(rss.allocator)),
+                    "-".into(),
+                    "-".into(),
+                ]);
+            }
+            "leased" => {
+                rows.push([
+                    format!("allocator, key with a live allocation ({alloc_keys} keys, {alloc_live} live)"),
+                    format!("{allocator:.0} B/key ({} → {})", mb(b.allocator), mb(rss.allocator)),
+                    "≤ 2,000 B".into(),
+                    yes(allocator <= ALLOCATOR_LEASED_TARGET),
+                ]);
+                rows.push([
+                    format!(
+                        "agent, key with a live allocation ({} keys, {} held)",
+                        held.agent_keys, held.agent_allocations
+                    ),
+                    format!("{agent:.0} B/key ({} → {})", mb(b.agent), mb(rss.agent)),
+                    "-".into(),
+                    "-".into(),
+                ]);
+            }
+            _ => {
+                for (who, pick) in [
+                    ("agent", (|r: &Rss| r.agent) as fn(&Rss) -> u64),
+                    ("allocator", |r: &Rss| r.allocator),
+                ] {
+                    let g = self.growth(pick);
+                    rows.push([
+                        format!("{who} RSS growth, first sample → last / middle → last"),
+                        format!(
+                            "{:+.1} MB ({:+.1}%) / {:+.1} MB ({:+.1}%)",
+                            g.whole as f64 / 1e6,
+                            g.whole_pct,
+                            g.second_half as f64 / 1e6,
+                            g.second_half_pct
+                        ),
+                        "no growth (second half ≤ +1%)".into(),
+                        yes(g.second_half_pct <= 1.0),
+                    ]);
+                }
+            }
+        }
+        rows
+    }
+
+    /// Growth of one process's RSS over the samples.
+    pub fn growth(&self, pick: fn(&Rss) -> u64) -> Growth {
+        let s: Vec<u64> = self.samples.iter().map(|(_, r, _)| pick(r)).collect();
+        growth(&s)
+    }
+}
+
+/// Growth of a series of RSS samples, bytes and percent.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Growth {
+    /// Last sample minus the first.
+    pub whole: i64,
+    /// `whole` as a percentage of the first.
+    pub whole_pct: f64,
+    /// Last sample minus the middle one (index len / 2).
+    pub second_half: i64,
+    /// `second_half` as a percentage of the middle one.
+    pub second_half_pct: f64,
+}
+
+/// Growth of `samples` (no growth for fewer than two).
+pub fn growth(samples: &[u64]) -> Growth {
+    let (Some(&first), Some(&last)) = (samples.first(), samples.last()) else {
+        return Growth {
+            whole: 0,
+            whole_pct: 0.0,
+            second_half: 0,
+            second_half_pct: 0.0,
+        };
+    };
+    let mid = samples[samples.len() / 2];
+    let pct = |from: u64, to: u64| (to as f64 - from as f64) * 100.0 / from.max(1) as f64;
+    Growth {
+        whole: last as i64 - first as i64,
+        whole_pct: pct(first, last),
+        second_half: last as i64 - mid as i64,
+        second_half_pct: pct(mid, last),
+    }
+}
+
+fn yes(b: bool) -> String {
+    if b { "yes" } else { "no" }.to_string()
+}
+
+/// How long the idle part waits after its last request: the lease TTL (5 s) + drift (500 ms)
+/// + one report interval (1 s) + a margin.
+const IDLE_WAIT: Duration = Duration::from_millis(7_500);
+
+/// The agent settings of a part (`None`: the defaults).
+fn agent_settings(part: &str) -> Option<&'static str> {
+    match part {
+        // Default decisions (a key seen once is decided centrally); idle keys kept for the
+        // measurement.
+        "idle" => Some("lease: {idle_evict_ms: 3600000}\n"),
+        // As idle, and allocations kept until their (15-minute) lease ends.
+        "leased" => Some("lease: {promote_tokens: 0, idle_evict_ms: 3600000, idle_return_ms: 0}\n"),
+        _ => None,
+    }
+}
+
+/// Runs the parts and returns their reports; `progress` gets a line at each step.
+///
+/// # Errors
+/// An unknown part, a deployment that does not start, or processes whose memory cannot be read.
+pub async fn run(o: &Options, mut progress: impl FnMut(&str)) -> Result<Vec<PartReport>> {
+    for p in &o.parts {
+        if !PARTS.contains(&p.as_str()) {
+            bail!("unknown part {p:?}; the parts are {}", PARTS.join(", "));
+        }
+    }
+    let mut out = Vec::new();
+    for part in PARTS {
+        if !o.parts.is_empty() && !o.parts.iter().any(|p| p == part) {
+            continue;
+        }
+        let dir = o.data_dir.join(part);
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir)?;
+        }
+        let policies = dir.join("policies");
+        assemble_policies(
+            &[PathBuf::from(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/policies/memory"
+            ))],
+            &policies,
+        )?;
+        let settings = match agent_settings(part) {
+            Some(text) => {
+                let f = dir.join("agent.yaml");
+                std::fs::write(&f, text)?;
+                Some(f)
+            }
+            None => None,
+        };
+        let plan = Plan {
+            bin_dir: o.bin_dir.clone(),
+            policies,
+            data_dir: dir.clone(),
+            agents: vec![("eu-west".into(), 1)],
+            envoy: None,
+            gateway_regions: Vec::new(),
+            allocator_nodes: 1,
+            agent_settings: settings,
+        };
+        progress(&format!("{part}: starting 1 allocator and 1 agent"));
+        let d = Deployment::start(&plan).await?;
+        let r = run_part(&d, part, o, &mut progress).await;
+        let unclean = d.shutdown().await;
+        let mut r = r?;
+        // Reported, not fatal: the figures were read before the shutdown (an agent releasing
+        // 100,000 allocations on a loaded machine can outlast the launcher's 10 s).
+        r.unclean_exits = unclean;
+        out.push(r);
+    }
+    Ok(out)
+}
+
+async fn run_part(
+    d: &Deployment,
+    part: &str,
+    o: &Options,
+    progress: &mut impl FnMut(&str),
+) -> Result<PartReport> {
+    let m = Meter::of(d)?;
+    // Let start-up settle (policy install, first ticks) before the baseline.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let baseline = m.rss()?;
+    let rls = &d.agents[0].rls;
+    let tenant = [("tenant".to_string(), "t".to_string())];
+    let mut load = LoadSummary::default();
+    let mut samples = Vec::new();
+    let what;
+    match part {
+        "idle" | "leased" => {
+            let domain = if part == "idle" {
+                "memory"
+            } else {
+                "memory-leased"
+            };
+            let secs = u64::from(o.keys).div_ceil(o.fill_rate.max(1));
+            let rate = u64::from(o.keys).div_ceil(secs.max(1));
+            progress(&format!(
+                "{part}: {} keys, one request each at {rate}/s",
+                o.keys
+            ));
+            let r = run_load(
+                rls,
+                domain,
+                &tenant,
+                Keys::RoundRobin(o.keys),
+                rate,
+                Duration::from_secs(secs),
+                4096,
+            )
+            .await?;
+            load.add(&r);
+            let t0 = Instant::now();
+            let held = if part == "idle" {
+                // Idle for longer than the lease TTL + drift (5.5 s) plus a report interval,
+                // and until the agent holds nothing.
+                tokio::time::sleep(IDLE_WAIT).await;
+                let h = m
+                    .wait_until(Duration::from_secs(60), |h| h.agent_allocations == 0)
+                    .await?;
+                what = format!(
+                    "{} keys, one request each (default settings: decided centrally), then idle until the agent holds no allocation ({:.0} s)",
+                    o.keys,
+                    t0.elapsed().as_secs_f64()
+                );
+                h
+            } else {
+                // Wait until every acquire is granted (the last answers of the load).
+                let h = m
+                    .wait_until(Duration::from_secs(60), |h| {
+                        h.allocator_tables.get("allocations").copied().unwrap_or(0)
+                            >= u64::from(o.keys)
+                    })
+                    .await;
+                let h = match h {
+                    Ok(h) => h,
+                    Err(_) => m.held().await?,
+                };
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                what = format!(
+                    "{} keys leased once each (promote_tokens 0, 15 min TTL, no early return): every key holds a live allocation",
+                    o.keys
+                );
+                h
+            };
+            let rss = m.rss()?;
+            // What is held is read again after the RSS (the reads allocate a little).
+            let after = m.held().await?;
+            samples.push((t0.elapsed().as_secs(), rss, merge(held, after)));
+        }
+        _ => {
+            let dist = Zipf::new(o.keys, 1.1)?;
+            let chunk = o.sample.max(Duration::from_secs(1));
+            let n = (o.duration.as_secs() / chunk.as_secs()).max(1);
+            what = format!(
+                "{}/s, Zipf(1.1) over {} keys, default agent settings, {} samples every {} s",
+                o.steady_rate,
+                o.keys,
+                n,
+                chunk.as_secs()
+            );
+            let t0 = Instant::now();
+            for i in 0..n {
+                let r = run_load(
+                    rls,
+                    "memory",
+                    &tenant,
+                    Keys::Zipf {
+                        dist: dist.clone(),
+                        seed: i + 1,
+                    },
+                    o.steady_rate,
+                    chunk,
+                    4096,
+                )
+                .await?;
+                load.add(&r);
+                let rss = m.rss()?;
+                let held = m.held().await?;
+                progress(&format!(
+                    "steady: {:>4} s  agent {:.1} MB  allocator {:.1} MB  agent keys {}  allocator keys {}",
+                    t0.elapsed().as_secs(),
+                    rss.agent as f64 / 1e6,
+                    rss.allocator as f64 / 1e6,
+                    held.agent_keys,
+                    held.allocator_tables.get("policy_keys").copied().unwrap_or(0)
+                ));
+                samples.push((t0.elapsed().as_secs(), rss, held));
+            }
+        }
+    }
+    Ok(PartReport {
+        part: part.to_string(),
+        what,
+        baseline,
+        samples,
+        load,
+        unclean_exits: Vec::new(),
+    })
+}
+
+/// The key counts of `before` (read when the state was reached) with anything `after` adds.
+fn merge(before: Held, after: Held) -> Held {
+    Held {
+        agent_keys: after.agent_keys.max(before.agent_keys),
+        agent_allocations: after.agent_allocations,
+        allocator_tables: after.allocator_tables,
+    }
+}
+
+/// Reads the two processes' memory and what they hold.
+struct Meter {
+    agent_pid: u32,
+    allocator_pid: u32,
+    metrics_url: String,
+    allocator: String,
+    http: reqwest::Client,
+}
+
+impl Meter {
+    fn of(d: &Deployment) -> Result<Self> {
+        let agent = d.agents.first().context("no agent")?;
+        let node = d.allocators.first().context("no allocator")?;
+        Ok(Meter {
+            agent_pid: agent.pid().context("agent not running")?,
+            allocator_pid: node.pid().context("allocator not running")?,
+            metrics_url: format!("http://{}/metrics", agent.http),
+            allocator: node.addr.clone(),
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(5))
+                .build()?,
+        })
+    }
+
+    fn rss(&self) -> Result<Rss> {
+        let read = |pid| rss_bytes(pid).with_context(|| format!("VmRSS of process {pid}"));
+        Ok(Rss {
+            agent: read(self.agent_pid)?,
+            allocator: read(self.allocator_pid)?,
+        })
+    }
+
+    async fn held(&self) -> Result<Held> {
+        let text = self
+            .http
+            .get(&self.metrics_url)
+            .send()
+            .await?
+            .text()
+            .await?;
+        let s = allocator_client(&self.allocator)?
+            .cluster_status(pb::ClusterStatusRequest {})
+            .await
+            .context("cluster status")?
+            .into_inner();
+        Ok(Held {
+            agent_keys: gauge(&text, "allot_agent_lease_keys").unwrap_or(0),
+            agent_allocations: gauge(&text, "allot_agent_allocations_held").unwrap_or(0),
+            allocator_tables: s.tables.into_iter().map(|t| (t.table, t.entries)).collect(),
+        })
+    }
+
+    /// Polls every second until `done`; the last reading when it never is within `within`
+    /// is an error.
+    async fn wait_until(&self, within: Duration, done: impl Fn(&Held) -> bool) -> Result<Held> {
+        let t0 = Instant::now();
+        loop {
+            let h = self.held().await?;
+            if done(&h) {
+                return Ok(h);
+            }
+            if t0.elapsed() > within {
+                bail!("not reached within {within:?}: {h:?}");
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    }
+}
+
+/// The value of an unlabelled gauge `name` in a Prometheus text exposition.
+pub fn gauge(text: &str, name: &str) -> Option<u64> {
+    text.lines().find_map(|l| {
+        let rest = l.strip_prefix(name)?;
+        let rest = match rest.strip_prefix('{') {
+            Some(labels) => labels.split_once('}')?.1,
+            None => rest,
+        };
+        if !rest.starts_with(' ') {
+            return None;
+        }
+        let v: f64 = rest.split_whitespace().next()?.parse().ok()?;
+        Some(v as u64)
+    })
+}
+
+/// VmRSS of process `pid`, bytes (Linux; None elsewhere).
+pub fn rss_bytes(pid: u32) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kb: u64 = s
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    kb.checked_mul(1024)
+}
+
+/// The reports as a text table: per part, what was done, then its figures; then the steady
+/// part's series.
+pub fn table(reports: &[PartReport]) -> String {
+    let mut out = String::new();
+    let mut rows: Vec<[String; 5]> = vec![[
+        "part".into(),
+        "figure".into(),
+        "measured".into(),
+        "target".into(),
+        "met".into(),
+    ]];
+    for r in reports {
+        for [a, b, c, d] in r.rows() {
+            rows.push([r.part.clone(), a, b, c, d]);
+        }
+    }
+    let widths: Vec<usize> = (0..5)
+        .map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0))
+        .collect();
+    for r in reports {
+        let l = r.load;
+        out += &format!(
+            "{}: {} (load: {} sent, {} admitted, {} denied, {} failed)\n",
+            r.part, r.what, l.sent, l.ok, l.over_limit, l.errors
+        );
+        for u in &r.unclean_exits {
+            out += &format!("{}: after the measurement, unclean exit: {u}\n", r.part);
+        }
+    }
+    out.push('\n');
+    for row in &rows {
+        let cells: Vec<String> = row
+            .iter()
+            .zip(&widths)
+            .map(|(c, w)| format!("{c}{}", " ".repeat(w - c.chars().count())))
+            .collect();
+        out += cells.join("  ").trim_end();
+        out.push('\n');
+    }
+    for r in reports.iter().filter(|r| r.part == "steady") {
+        out += &format!(
+            "\nsteady series (baseline: agent {:.1} MB, allocator {:.1} MB)\n",
+            r.baseline.agent as f64 / 1e6,
+            r.baseline.allocator as f64 / 1e6
+        );
+        out += "     s  agent MB  allocator MB  agent keys  allocator keys  allocator allocations  allocator requests\n";
+        for (s, rss, h) in &r.samples {
+            let t = |n: &str| h.allocator_tables.get(n).copied().unwrap_or(0);
+            out += &format!(
+                "{s:>6}  {:>8.1}  {:>12.1}  {:>10}  {:>14}  {:>21}  {:>18}\n",
+                rss.agent as f64 / 1e6,
+                rss.allocator as f64 / 1e6,
+                h.agent_keys,
+                t("policy_keys"),
+                t("allocations"),
+                t("requests"),
+            );
+        }
+    }
+    out
+}
+
+/// Where a part's data goes when none is given: a new temporary folder.
+pub fn temp_dir() -> PathBuf {
+    std::env::temp_dir().join(format!("allot-memory-{}", std::process::id()))
+}
+
+/// Whether `dir` holds the binaries.
+pub fn has_binaries(dir: &Path) -> bool {
+    ["allot-allocator", "allot-agent"]
+        .iter()
+        .all(|b| dir.join(b).exists())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_gauge_is_read_with_or_without_labels_and_not_by_prefix() {
+        let text = "# HELP x\nallot_agent_lease_keys_other 7\nallot_agent_lease_keys{otel_scope_name=\"a\"} 100000\nallot_agent_allocations_held 3\n";
+        assert_eq!(gauge(text, "allot_agent_lease_keys"), Some(100_000));
+        assert_eq!(gauge(text, "allot_agent_allocations_held"), Some(3));
+        assert_eq!(gauge(text, "allot_agent_missing"), None);
+    }
+
+    #[test]
+    fn growth_compares_the_last_sample_with_the_first_and_the_middle() {
+        let g = growth(&[100, 150, 200, 200, 202]);
+        assert_eq!(g.whole, 102);
+        assert_eq!(g.second_half, 2);
+        assert!((g.second_half_pct - 1.0).abs() < 1e-9);
+        assert_eq!(growth(&[]).whole, 0);
+        assert_eq!(growth(&[5]).second_half, 0);
+        assert_eq!(growth(&[10, 5]).whole, -5);
+    }
+
+    #[test]
+    fn per_key_divides_the_growth_and_never_by_zero() {
+        assert_eq!(per_key(1_000, 101_000, 100), 1_000.0);
+        assert_eq!(per_key(1_000, 500, 0), -500.0);
+    }
+}
