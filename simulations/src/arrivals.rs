@@ -110,9 +110,8 @@ pub async fn drive(
                 _ => RequestAnswer::Error,
             };
             drop(permit);
-            let since_origin = |t: Instant| {
-                u64::try_from(t.duration_since(origin).as_nanos()).unwrap_or(u64::MAX)
-            };
+            let since_origin =
+                |t: Instant| u64::try_from(t.duration_since(origin).as_nanos()).unwrap_or(u64::MAX);
             Record {
                 sent_ns: since_origin(sent),
                 agent: a.agent,

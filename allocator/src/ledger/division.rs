@@ -7,6 +7,7 @@
 //! only after the allocations granted under the larger part are gone.
 
 use super::fair_share::{one_token_ppm, region_parts, RegionClaim};
+use super::small_map::SmallMap;
 use super::sources::Prepared;
 use super::{KeyId, KeyState, Ledger};
 use allot_common::config::{Rule, RuleLimit, SharesMode};
@@ -305,7 +306,7 @@ impl Ledger {
     fn region_asks<'a>(
         &'a self,
         kid: &KeyId,
-    ) -> impl Iterator<Item = (&'a str, &'a BTreeMap<String, Ask>)> + 'a {
+    ) -> impl Iterator<Item = (&'a str, &'a SmallMap<String, Ask>)> + 'a {
         let from = (kid.clone(), String::new());
         let kid = kid.clone();
         self.demands

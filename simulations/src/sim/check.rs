@@ -440,7 +440,9 @@ impl Checker {
             let (carry, losses_after) = self.loss_terms(k, s.at_ns, c);
             let mut total: u128 = 0;
             let first = admitted.partition_point(|&(_, answered, _)| answered < s.at_ns);
-            let inside = admitted[first..].iter().filter(|&&(sent, ..)| sent >= s.at_ns);
+            let inside = admitted[first..]
+                .iter()
+                .filter(|&&(sent, ..)| sent >= s.at_ns);
             for &(_, t, cost) in inside.clone() {
                 total += u128::from(cost);
                 let dt = u128::from(t - s.at_ns);
