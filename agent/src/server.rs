@@ -12,6 +12,7 @@ use crate::lease::{AllocatorLink, LeaseBook, LeaseEvent, LeaseManager, LeaseSett
 use crate::metrics::{Metrics, MetricsError};
 use allot_common::clock::Clock;
 use allot_common::config::{ConfigError, ConfigSet};
+use axum::serve::ListenerExt;
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -19,7 +20,6 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
-use tokio_stream::wrappers::TcpListenerStream;
 
 /// Why an agent could not be set up.
 #[derive(Debug, thiserror::Error)]
@@ -330,6 +330,27 @@ fn decode_errors_are_invalid_argument<B>(
     resp
 }
 
+/// The connections accepted on `listener`, with `TCP_NODELAY` set.
+///
+/// tonic applies its builder's `tcp_nodelay` only to listeners it binds itself and ignores it
+/// for `serve_with_incoming`; without it, Nagle's algorithm holds a small answer (an RLS
+/// response is a few dozen bytes in three HTTP/2 frames) until the client acknowledges the
+/// previous one: milliseconds of tail latency with h2load as the client (docs/benchmarks.md).
+pub fn no_delay(listener: TcpListener) -> tonic::transport::server::TcpIncoming {
+    tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true))
+}
+
+/// The HTTP connections accepted on `listener`, with `TCP_NODELAY` set (see [`no_delay`]).
+pub fn http_no_delay(
+    listener: TcpListener,
+) -> impl axum::serve::Listener<Io = tokio::net::TcpStream, Addr = std::net::SocketAddr> {
+    listener.tap_io(|tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "cannot set TCP_NODELAY on an HTTP connection");
+        }
+    })
+}
+
 /// Serves Envoy's RLS and the native Agent service on `listener` until `shutdown`.
 ///
 /// # Errors
@@ -340,13 +361,12 @@ pub async fn serve_grpc(
     shutdown: watch::Receiver<bool>,
 ) -> Result<(), tonic::transport::Error> {
     tonic::transport::Server::builder()
-        .tcp_nodelay(true)
         .layer(tower::util::MapResponseLayer::new(
             decode_errors_are_invalid_argument::<tonic::body::Body>,
         ))
         .add_service(RlsService::new(decider.clone()).into_server())
         .add_service(NativeService::new(decider).into_server())
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown_signal(shutdown))
+        .serve_with_incoming_shutdown(no_delay(listener), shutdown_signal(shutdown))
         .await
 }
 
@@ -359,7 +379,7 @@ pub async fn serve_http(
     decider: Arc<Decider>,
     shutdown: watch::Receiver<bool>,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(decider))
+    axum::serve(http_no_delay(listener), router(decider))
         .with_graceful_shutdown(shutdown_signal(shutdown))
         .await
 }
@@ -367,6 +387,24 @@ pub async fn serve_http(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn accepted_connections_have_tcp_nodelay() {
+        use tokio_stream::StreamExt;
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut grpc = no_delay(listener);
+        let _client = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let accepted = grpc.next().await.unwrap().unwrap();
+        assert!(accepted.nodelay().unwrap(), "gRPC");
+
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut http = http_no_delay(listener);
+        let _client = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (accepted, _) = axum::serve::Listener::accept(&mut http).await;
+        assert!(accepted.nodelay().unwrap(), "HTTP");
+    }
 
     #[test]
     fn undecodable_requests_become_invalid_argument() {

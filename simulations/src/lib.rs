@@ -9,6 +9,8 @@
 //!   [`ideal`] central counter, with [`arrivals`] the recorded traffic and [`zipf`] key
 //!   popularity;
 //! * [`memory`]: resident memory per key of the agent and the allocator (`allot-bench memory`);
+//! * [`h2load`]: the agent's RLS tail and throughput with h2load as the client, against a
+//!   do-nothing server (`allot-bench h2load`);
 //! * [`sim`]: the deterministic simulation of the whole system under seeded faults
 //!   (`allot-sim`);
 //! * [`strategy`]: the strategy table and the lease sweep built on it (`allot-sim strategies`).
@@ -17,6 +19,7 @@
 
 pub mod arrivals;
 pub mod demand;
+pub mod h2load;
 pub mod ideal;
 pub mod local;
 pub mod memory;

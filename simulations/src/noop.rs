@@ -59,7 +59,9 @@ pub async fn serve(listen: &str, ready_file: Option<&std::path::Path>) -> anyhow
 }
 
 async fn serve_on(listener: tokio::net::TcpListener) -> anyhow::Result<()> {
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    // tonic ignores the builder's `tcp_nodelay` for a caller's incoming stream: set it on the
+    // accepted sockets, as the agent does, or Nagle's algorithm holds back small responses.
+    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
     tonic::transport::Server::builder()
         .add_service(RateLimitServiceServer::new(NoopRls))
         .serve_with_incoming(incoming)

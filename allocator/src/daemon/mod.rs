@@ -100,7 +100,10 @@ impl Daemon {
         group_commit: Option<GroupCommitConfig>,
     ) -> Result<Self, DaemonError> {
         let io = DaemonIo {
-            incoming: tokio_stream::wrappers::TcpListenerStream::new(listener),
+            // tonic ignores its builder's `tcp_nodelay` for a caller's incoming stream: set it
+            // on the accepted sockets, or Nagle's algorithm delays small answers to agents.
+            incoming: tonic::transport::server::TcpIncoming::from(listener)
+                .with_nodelay(Some(true)),
             channels: Arc::new(LazyTcpChannels::default()),
             storage: None,
         };

@@ -175,7 +175,10 @@ impl<A: App> Node<A> {
         clock: Arc<dyn NodeClock>,
         listener: TcpListener,
     ) -> Result<Self, NodeError> {
-        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        // As the daemon: TCP_NODELAY on accepted sockets (tonic ignores its builder's setting
+        // for a caller's incoming stream), so Raft answers are not held back by Nagle.
+        let incoming =
+            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
         Self::start(
             config,
             clock,

@@ -1,11 +1,12 @@
 //! `allot-bench rls --target ADDR --rate N --duration S`: an open-loop load generator for any
 //! Envoy rate limit service (v3), reporting throughput and latency percentiles measured from
 //! each request's scheduled time. `allot-bench memory`: resident memory per key of a release
-//! agent and allocator (issue 13 item 3).
+//! agent and allocator (issue 13 item 3). `allot-bench h2load`: the agent's RLS tail and
+//! throughput with h2load as the client, against a do-nothing server (issue 13 items 1–2).
 
-use allot_simulations::memory;
 use allot_simulations::rls::{run_load, Keys};
 use allot_simulations::zipf::Zipf;
+use allot_simulations::{h2load, memory};
 use anyhow::{bail, Result};
 use clap::{Parser, Subcommand};
 use std::time::Duration;
@@ -143,6 +144,87 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// The agent's Envoy RLS p50/p99/p99.9 and throughput with h2load (Debian `nghttp2-client`)
+    /// as the client, alternating with a do-nothing RLS server (`allot-bench noop`) in the same
+    /// run (issue 13 items 1–2): starts one allocator node and one agent (binaries from
+    /// --bin-dir) with `simulations/policies/transport/`, one hot key per case.
+    H2load {
+        /// Requests per second over all connections in the latency runs.
+        #[arg(long, default_value_t = 5_000)]
+        rate: u64,
+        /// h2load connections.
+        #[arg(long, default_value_t = 4)]
+        clients: u32,
+        /// Most requests outstanding on one connection (h2load's -m). With more than one,
+        /// h2load's own latency grows (a no-op server's mean went from 0.14 to 1.1 ms here).
+        #[arg(long, default_value_t = 1)]
+        streams: u32,
+        /// Measured seconds of each run.
+        #[arg(long, default_value_t = 10)]
+        duration_s: u64,
+        /// Seconds of the same load before each latency run, not measured.
+        #[arg(long, default_value_t = 3)]
+        warmup_s: u64,
+        /// Rounds; each runs every case against the agent and the no-op server.
+        #[arg(long, default_value_t = 3)]
+        rounds: u32,
+        /// Run only this case (repeatable): local, leased.
+        #[arg(long = "case")]
+        cases: Vec<String>,
+        /// Also measure closed-loop throughput (agent against no-op).
+        #[arg(long)]
+        throughput: bool,
+        /// The h2load binary.
+        #[arg(long, default_value = "h2load")]
+        h2load: std::path::PathBuf,
+        /// Folder of allot-allocator and allot-agent [default: $ALLOT_BIN_DIR, else this
+        /// binary's folder].
+        #[arg(long)]
+        bin_dir: Option<std::path::PathBuf>,
+        /// Data folder (policies, logs, h2load's per-request logs) [default: a new temporary
+        /// folder, removed at exit].
+        #[arg(long)]
+        data_dir: Option<std::path::PathBuf>,
+        /// Print one JSON document instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn bin_dir_or_default(bin_dir: Option<std::path::PathBuf>) -> Result<std::path::PathBuf> {
+    let bin_dir = match bin_dir.or_else(|| std::env::var_os("ALLOT_BIN_DIR").map(Into::into)) {
+        Some(d) => d,
+        None => std::env::current_exe()?
+            .parent()
+            .map(std::path::Path::to_path_buf)
+            .unwrap_or_default(),
+    };
+    if !memory::has_binaries(&bin_dir) {
+        bail!(
+            "allot-allocator and allot-agent not found in {}: cargo build --release -p allot-allocator -p allot-agent",
+            bin_dir.display()
+        );
+    }
+    Ok(bin_dir)
+}
+
+/// Removes the run's temporary data folder, then prints its report as JSON or as its table.
+fn report<R: serde::Serialize>(
+    r: Result<R>,
+    temp_dir: Option<&std::path::Path>,
+    json: bool,
+    table: impl Fn(&R) -> String,
+) -> Result<()> {
+    if let Some(d) = temp_dir {
+        let _ = std::fs::remove_dir_all(d);
+    }
+    let r = r?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+    } else {
+        print!("{}", table(&r));
+    }
+    Ok(())
 }
 
 fn parse_entries(entries: Vec<String>) -> Result<Vec<(String, String)>> {
@@ -310,20 +392,7 @@ async fn run(command: Command) -> Result<()> {
             data_dir,
             json,
         } => {
-            let bin_dir =
-                match bin_dir.or_else(|| std::env::var_os("ALLOT_BIN_DIR").map(Into::into)) {
-                    Some(d) => d,
-                    None => std::env::current_exe()?
-                        .parent()
-                        .map(std::path::Path::to_path_buf)
-                        .unwrap_or_default(),
-                };
-            if !memory::has_binaries(&bin_dir) {
-                bail!(
-                    "allot-allocator and allot-agent not found in {}: cargo build --release -p allot-allocator -p allot-agent",
-                    bin_dir.display()
-                );
-            }
+            let bin_dir = bin_dir_or_default(bin_dir)?;
             let (data_dir, temp) = match data_dir {
                 Some(d) => (d, false),
                 None => (memory::temp_dir(), true),
@@ -339,16 +408,47 @@ async fn run(command: Command) -> Result<()> {
                 parts,
             };
             let r = memory::run(&o, |line| eprintln!("{line}")).await;
-            if temp {
-                let _ = std::fs::remove_dir_all(&data_dir);
-            }
-            let r = r?;
-            if json {
-                println!("{}", serde_json::to_string_pretty(&r)?);
-            } else {
-                print!("{}", memory::table(&r));
-            }
-            Ok(())
+            report(r, temp.then_some(data_dir.as_path()), json, |r| {
+                memory::table(r)
+            })
+        }
+        Command::H2load {
+            rate,
+            clients,
+            streams,
+            duration_s,
+            warmup_s,
+            rounds,
+            cases,
+            throughput,
+            h2load: h2load_bin,
+            bin_dir,
+            data_dir,
+            json,
+        } => {
+            let (data_dir, temp) = match data_dir {
+                Some(d) => (d, false),
+                None => (
+                    std::env::temp_dir().join(format!("allot-h2load-{}", std::process::id())),
+                    true,
+                ),
+            };
+            let o = h2load::Options {
+                h2load: h2load_bin,
+                bin_dir: bin_dir_or_default(bin_dir)?,
+                bench_exe: std::env::current_exe()?,
+                data_dir: data_dir.clone(),
+                rate,
+                clients,
+                streams,
+                duration: Duration::from_secs(duration_s),
+                warmup: Duration::from_secs(warmup_s),
+                rounds,
+                cases,
+                throughput,
+            };
+            let r = h2load::run(&o, |line| eprintln!("{line}")).await;
+            report(r, temp.then_some(data_dir.as_path()), json, h2load::table)
         }
         Command::Noop { listen, ready_file } => {
             allot_simulations::noop::serve(&listen, ready_file.as_deref()).await
