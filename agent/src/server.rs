@@ -333,9 +333,10 @@ fn decode_errors_are_invalid_argument<B>(
 /// The connections accepted on `listener`, with `TCP_NODELAY` set.
 ///
 /// tonic applies its builder's `tcp_nodelay` only to listeners it binds itself and ignores it
-/// for `serve_with_incoming`; without it, Nagle's algorithm holds a small answer (an RLS
-/// response is a few dozen bytes in three HTTP/2 frames) until the client acknowledges the
-/// previous one: milliseconds of tail latency with h2load as the client (docs/benchmarks.md).
+/// for `serve_with_incoming`; without it, Nagle's algorithm may hold a small answer written
+/// apart from the one before it (answers of several streams on one connection, as Envoy sends
+/// them) until the client acknowledges that one. With h2load at one stream per connection the
+/// difference was within this machine's noise (docs/benchmarks.md, "TCP_NODELAY").
 pub fn no_delay(listener: TcpListener) -> tonic::transport::server::TcpIncoming {
     tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true))
 }
