@@ -5,11 +5,16 @@
 //! debits before the agent admits, so it adds nothing to the overshoot bound), and nothing is
 //! stranded at an agent that saw the key once. It is **promoted** to leases when its demand
 //! here makes a lease worthwhile, and **demoted** when it cools. With `period` the rule's lease
-//! ttl, `admitted` the tokens this agent admitted for the key in the current period, and the
+//! ttl, `offered` the tokens this agent was asked for the key in the current period (admitted
+//! plus finally denied: [`KeyLease::offered`](super::book::KeyLease::offered)), and the
 //! settings `promote_tokens` = P (default 4) and `demote_tokens` = D (default 2, D < P):
 //!
-//! - promote when `admitted ≥ P` within one lease period (checked at each central admission);
-//! - demote when a whole lease period of a leased key admitted `< D` (checked each tick).
+//! - promote when `offered ≥ P` within one lease period (checked at each central admission);
+//! - demote when a whole lease period of a leased key offered `< D` (checked each tick).
+//!
+//! Offered, not admitted: a leased key denied under scarcity (its region's part or the bucket
+//! spent) still has its demand, and demoting it would turn each of its requests into a
+//! `Decide` exactly when the allocator has least to give.
 //!
 //! Why: a lease costs about two calls per period (an Acquire and a Release; reports ride the
 //! per-tick Batch) and puts its grant in the overshoot bound; central decisions cost one call

@@ -228,9 +228,12 @@ impl LeaseManager {
             return;
         }
         let period = ms(v.sizing.ttl_ms().max(1));
-        let admitted = v.admitted.load(Ordering::Relaxed);
+        // The offered load, not admissions alone: a leased key denied under scarcity is in
+        // demand, and sending it back to central decisions would turn every request into a
+        // `Decide` just when the allocator has least to give.
+        let offered = v.offered();
         let thresholds = self.book.thresholds();
-        if !thresholds.always_leased() && v.demand.demote_due(now, period, admitted, thresholds) {
+        if !thresholds.always_leased() && v.demand.demote_due(now, period, offered, thresholds) {
             v.protocol.set_leased(false);
             self.book.counters.demotions.fetch_add(1, Ordering::Relaxed);
             return;

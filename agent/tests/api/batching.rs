@@ -131,6 +131,62 @@ async fn promotion_and_demotion_follow_demand_with_hysteresis() {
     );
 }
 
+/// A leased key denied under scarcity is still in demand: demotion reads the offered load
+/// (admitted and denied), so periods in which the allocator has nothing to give keep the key
+/// leased, asking again at its renewals, instead of turning each request into a `Decide`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leased_key_denied_under_scarcity_is_not_demoted() {
+    let s = served_fully(1_000).await;
+    let (g, c) = (&s.rig.decider, counters(&s.rig));
+    for _ in 0..4 {
+        assert_eq!(decide(g, "scarce").await, Code::Ok);
+    }
+    assert_eq!(c.promotions.load(Ordering::SeqCst), 1);
+    // Leased: its first Acquire is granted; then the pool runs dry and it spends what it holds.
+    assert_eq!(decide(g, "scarce").await, Code::Ok);
+    s.fake.pool.store(0, Ordering::SeqCst);
+    let mut spent = 0;
+    while decide(g, "scarce").await == Code::Ok {
+        spent += 1;
+        assert!(spent < 50, "an allocation of the pool's size at most");
+    }
+    let (decides, acquires) = (
+        s.fake.decides.load(Ordering::SeqCst),
+        s.fake.acquires.load(Ordering::SeqCst),
+    );
+    // Three lease periods of 5 requests each, every one denied (the allocator's remembered
+    // denial, 2 s, then a new Acquire denied again): admitted 0 in each, offered 5 ≥ D. After
+    // each period the background maintenance (every 50 ms of real time, reading the manual
+    // clock) gets a few passes to look at it; a pass that demoted the key would turn the next
+    // request after the denial into a `Decide`.
+    for period in 0..3 {
+        for _ in 0..5 {
+            assert_eq!(
+                decide(g, "scarce").await,
+                Code::OverLimit,
+                "period {period}"
+            );
+        }
+        s.rig.clock.advance(1_000 * MS);
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert_eq!(decide(g, "scarce").await, Code::OverLimit);
+    assert_eq!(
+        c.demotions.load(Ordering::SeqCst),
+        0,
+        "in demand: kept leased"
+    );
+    assert!(
+        s.fake.acquires.load(Ordering::SeqCst) > acquires,
+        "asked again as a lease"
+    );
+    assert_eq!(
+        s.fake.decides.load(Ordering::SeqCst),
+        decides,
+        "no Decide per request"
+    );
+}
+
 /// The allocator's central denial is remembered: a flood of a central key after the pool is
 /// empty sends nothing more while the denial stands.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

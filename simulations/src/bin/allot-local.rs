@@ -63,6 +63,10 @@ struct Cli {
     /// Folder of allot-allocator and allot-agent [default: this binary's folder].
     #[arg(long)]
     bin_dir: Option<PathBuf>,
+    /// Settings file every agent is started with (`allot-agent --config`), e.g. a `lease:`
+    /// block to try other lease settings [default: the agents' defaults].
+    #[arg(long)]
+    agent_config: Option<PathBuf>,
 }
 
 #[tokio::main]
@@ -145,7 +149,7 @@ async fn main() -> Result<()> {
             ("ap-south".into(), 1),
         ],
         allocator_nodes: 3,
-        agent_settings: None,
+        agent_settings: cli.agent_config,
     };
     eprintln!(
         "starting 3 allocators and 7 agents under {}",

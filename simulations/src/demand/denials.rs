@@ -17,6 +17,70 @@ pub(crate) struct Denials {
     pub failure_mode: u64,
     /// Allocator calls that failed (`allot_agent_allocator_rpc_errors`).
     pub rpc_errors: u64,
+    /// What the agents asked of the allocator meanwhile.
+    pub work: Work,
+}
+
+/// The agents' allocator work during a part, summed over the agents: calls (one `Batch` is one
+/// call, and at most one Raft entry), the items they carried by kind, and keys moved between
+/// central decisions and leases (issue 9 items 2–3).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Work {
+    /// `allot_agent_allocator_calls`.
+    pub calls: u64,
+    /// `allot_agent_allocator_rpcs{kind="decide"}`: central decisions.
+    pub decides: u64,
+    /// `allot_agent_allocator_rpcs{kind="acquire"}`.
+    pub acquires: u64,
+    /// `allot_agent_allocator_rpcs{kind="report"}`.
+    pub reports: u64,
+    /// `allot_agent_allocator_rpcs{kind="release"}`.
+    pub releases: u64,
+    /// `allot_agent_key_moves{to="leased"}`: promotions to leases.
+    pub promotions: u64,
+    /// `allot_agent_key_moves{to="central"}`: demotions to central decisions.
+    pub demotions: u64,
+}
+
+impl Work {
+    /// What was counted between `before` and `self` (saturating, as [`Denials::since`]).
+    fn since(self, b: Work) -> Work {
+        Work {
+            calls: self.calls.saturating_sub(b.calls),
+            decides: self.decides.saturating_sub(b.decides),
+            acquires: self.acquires.saturating_sub(b.acquires),
+            reports: self.reports.saturating_sub(b.reports),
+            releases: self.releases.saturating_sub(b.releases),
+            promotions: self.promotions.saturating_sub(b.promotions),
+            demotions: self.demotions.saturating_sub(b.demotions),
+        }
+    }
+
+    /// `self` and `b` together (saturating).
+    fn plus(self, b: Work) -> Work {
+        Work {
+            calls: self.calls.saturating_add(b.calls),
+            decides: self.decides.saturating_add(b.decides),
+            acquires: self.acquires.saturating_add(b.acquires),
+            reports: self.reports.saturating_add(b.reports),
+            releases: self.releases.saturating_add(b.releases),
+            promotions: self.promotions.saturating_add(b.promotions),
+            demotions: self.demotions.saturating_add(b.demotions),
+        }
+    }
+
+    /// Adds one agent's counters from its Prometheus text.
+    fn add(&mut self, text: &str) {
+        let rpcs = "allot_agent_allocator_rpcs_total";
+        let moves = "allot_agent_key_moves_total";
+        self.calls += counter(text, "allot_agent_allocator_calls_total");
+        self.decides += labelled(text, rpcs, "kind=\"decide\"");
+        self.acquires += labelled(text, rpcs, "kind=\"acquire\"");
+        self.reports += labelled(text, rpcs, "kind=\"report\"");
+        self.releases += labelled(text, rpcs, "kind=\"release\"");
+        self.promotions += labelled(text, moves, "to=\"leased\"");
+        self.demotions += labelled(text, moves, "to=\"central\"");
+    }
 }
 
 impl Denials {
@@ -27,11 +91,22 @@ impl Denials {
             wait_timeouts: self.wait_timeouts.saturating_sub(before.wait_timeouts),
             failure_mode: self.failure_mode.saturating_sub(before.failure_mode),
             rpc_errors: self.rpc_errors.saturating_sub(before.rpc_errors),
+            work: self.work.since(before.work),
+        }
+    }
+
+    /// `self` and `other` together (two phases of one part; saturating).
+    pub fn plus(self, o: Denials) -> Denials {
+        Denials {
+            wait_timeouts: self.wait_timeouts.saturating_add(o.wait_timeouts),
+            failure_mode: self.failure_mode.saturating_add(o.failure_mode),
+            rpc_errors: self.rpc_errors.saturating_add(o.rpc_errors),
+            work: self.work.plus(o.work),
         }
     }
 }
 
-/// Reads every agent's `/metrics` and sums the denial counters.
+/// Reads every agent's `/metrics` and sums the denial and work counters.
 ///
 /// # Errors
 /// An agent's `/metrics` cannot be read.
@@ -52,6 +127,7 @@ pub(crate) async fn scrape(d: &Deployment) -> Result<Denials> {
         sum.wait_timeouts += counter(&text, "allot_agent_lease_wait_timeouts_total");
         sum.failure_mode += counter(&text, "allot_agent_failure_denials_total");
         sum.rpc_errors += counter(&text, "allot_agent_allocator_rpc_errors_total");
+        sum.work.add(&text);
     }
     Ok(sum)
 }
@@ -62,6 +138,20 @@ fn counter(text: &str, name: &str) -> u64 {
         .filter(|l| {
             l.strip_prefix(name)
                 .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .map(|v| v as u64)
+        .sum()
+}
+
+/// The sum of the samples of the counter `name` whose labels include `label` (`k="v"`).
+fn labelled(text: &str, name: &str, label: &str) -> u64 {
+    text.lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .and_then(|rest| rest.strip_prefix('{'))
+                .and_then(|rest| rest.split_once('}'))
+                .is_some_and(|(labels, _)| labels.split(',').any(|x| x == label))
         })
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .map(|v| v as u64)
@@ -83,23 +173,50 @@ mod tests {
     }
 
     #[test]
+    fn labelled_counters_are_read_by_label() {
+        let text =
+            "allot_agent_allocator_rpcs_total{kind=\"decide\",otel_scope_name=\"allot\"} 7\n\
+                    allot_agent_allocator_rpcs_total{kind=\"report\"} 3\n\
+                    allot_agent_allocator_calls_total 4\n\
+                    allot_agent_key_moves_total{to=\"leased\"} 2\n";
+        let mut w = Work::default();
+        w.add(text);
+        w.add(text);
+        assert_eq!(
+            w,
+            Work {
+                calls: 8,
+                decides: 14,
+                reports: 6,
+                promotions: 4,
+                ..Work::default()
+            }
+        );
+        assert_eq!(w.since(w), Work::default());
+        assert_eq!(w.plus(w).since(w), w);
+    }
+
+    #[test]
     fn since_never_goes_below_zero() {
         let a = Denials {
             wait_timeouts: 5,
             failure_mode: 1,
             rpc_errors: 9,
+            work: Work::default(),
         };
         let b = Denials {
             wait_timeouts: 2,
             failure_mode: 4,
             rpc_errors: 9,
+            work: Work::default(),
         };
         assert_eq!(
             a.since(b),
             Denials {
                 wait_timeouts: 3,
                 failure_mode: 0,
-                rpc_errors: 0
+                rpc_errors: 0,
+                work: Work::default(),
             }
         );
     }

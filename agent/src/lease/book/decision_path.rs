@@ -325,17 +325,16 @@ impl LeaseBook {
         fused: bool,
     ) -> GlobalDecision<LeaseReservation> {
         let v = &kl.value;
-        let total = v
-            .admitted
-            .fetch_add(cost, Ordering::Relaxed)
-            .saturating_add(cost);
+        v.admitted.fetch_add(cost, Ordering::Relaxed);
         self.counters.central_admits.fetch_add(1, Ordering::Relaxed);
+        // Demand is the offered load (admitted and finally denied), as for lease sizing.
+        let offered = v.offered();
         let period = ms(rule.ttl_ms.max(1));
         if v.demand
-            .promote_due(now, period, total, cost, self.thresholds)
+            .promote_due(now, period, offered, cost, self.thresholds)
             && v.protocol.set_leased(true)
         {
-            v.demand.restart(now, total);
+            v.demand.restart(now, offered);
             self.counters.promotions.fetch_add(1, Ordering::Relaxed);
         }
         GlobalDecision {
