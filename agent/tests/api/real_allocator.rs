@@ -484,7 +484,7 @@ async fn one_node_decides_locally_with_exact_retry_after() {
     );
     let granted: u64 = nodes.read(1, |l| {
         l.allocations()
-            .filter(|a| a.holder == "gw-one" && a.key != bulk_key_bytes())
+            .filter(|a| a.holder == "gw-one" && *a.key != *bulk_key_bytes())
             .map(|a| a.granted)
             .sum()
     });

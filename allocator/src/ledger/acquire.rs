@@ -135,7 +135,10 @@ impl Ledger {
         let avail = available(ks, &a.region, rule, now, draw);
         // The live totals must stay representable: grants are capped by what they can still
         // count (reachable only at extreme policies, e.g. 10¹² tokens/s with 60 s leases).
-        let totals_room = u64::MAX - ks.regions.get(&a.region).map_or(0, |r| r.granted_live);
+        let totals_room = u64::MAX
+            - ks.regions
+                .get(a.region.as_str())
+                .map_or(0, |r| r.granted_live);
         let pool = avail.pool().min(totals_room);
 
         // Divide the pool fairly among the holders asking in this region recently.
@@ -206,13 +209,14 @@ impl Ledger {
         self.next_id = self.next_id.saturating_add(1);
         let id = self.next_id;
         let epoch = id;
+        let (region_name, holder) = (self.names.intern(&a.region), self.names.intern(&a.holder));
         let ks = self.key_mut(kid)?;
         // Debit every source now; unspent tokens come back only at release.
         debit(ks, &a.region, rule, &base.avail, now, grant);
         // The rate's promise comes from the refill as it accrues, but the calendar quota counts
         // it all now: the holder may spend every promised token before it reports.
         charge_calendar(ks, rule, base.avail.period_start, rate.promised);
-        let region = ks.regions.entry_or_default(a.region.clone());
+        let region = ks.regions.entry_or_default(region_name.clone());
         let charged = ChargedTo {
             global: ks.global.params.kind(),
             region: region.bucket.as_ref().map(|b| b.params.kind()),
@@ -229,16 +233,16 @@ impl Ledger {
         }
         if rate.ppm > 0 {
             region.rate_ppm_live = region.rate_ppm_live.saturating_add(u64::from(rate.ppm));
-            region.rated.insert((a.holder.clone(), id));
+            region.rated.insert((holder.clone(), id));
         }
         let alloc = Allocation {
             id,
-            rule_id: rule.id.clone(),
+            rule_id: kid.0.clone(),
             key: kid.1.clone(),
             policy_version: t.version,
             shares_version: t.shares_version,
-            region: a.region.clone(),
-            holder: a.holder.clone(),
+            region: region_name,
+            holder,
             epoch,
             granted: total,
             base: grant,
@@ -252,7 +256,7 @@ impl Ledger {
             state: AllocationState::Live,
             charged,
         };
-        self.allocations.insert(id, alloc);
+        self.allocations.insert(id, Box::new(alloc));
         self.deadlines.insert((dead_at, id));
         if rate.ppm > 0 {
             // From now on this rate's part of the refill flows to the holder.

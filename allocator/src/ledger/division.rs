@@ -9,7 +9,7 @@
 use super::fair_share::{one_token_ppm, region_parts, RegionClaim};
 use super::small_map::SmallMap;
 use super::sources::Prepared;
-use super::{KeyId, KeyState, Ledger};
+use super::{KeyId, KeyState, Ledger, Name};
 use allot_common::config::{Rule, RuleLimit, SharesMode};
 use allot_common::units::{millis_to_nanos, per_second, Micros, MICROS_PER_TOKEN};
 use serde::{Deserialize, Serialize};
@@ -199,10 +199,8 @@ impl Ledger {
         now: u64,
     ) {
         let idle = idle_after_ms(rule);
-        let asks = self
-            .demands
-            .entry((kid.clone(), region.to_string()))
-            .or_default();
+        let (region, holder) = (self.names.intern(region), self.names.intern(d.holder));
+        let asks = self.demands.entry((kid.clone(), region)).or_default();
         let before = asks.len();
         asks.retain(|_, x| x.at_ms.saturating_add(idle) > now);
         // Only asks within the idle window are left: the holder's run goes on, or starts now.
@@ -210,7 +208,7 @@ impl Ledger {
             .get(d.holder)
             .map_or((0, now), |x| (x.denied_at_ms, x.since_ms));
         asks.insert(
-            d.holder.to_string(),
+            holder,
             Ask {
                 want: d.want,
                 demand_per_s: d.demand_per_s,
@@ -228,7 +226,7 @@ impl Ledger {
     pub(super) fn note_denied(&mut self, kid: &KeyId, region: &str, holder: &str, now: u64) {
         if let Some(x) = self
             .demands
-            .get_mut(&(kid.clone(), region.to_string()))
+            .get_mut(&(kid.clone(), Name::from(region)))
             .and_then(|m| m.get_mut(holder))
         {
             x.denied_at_ms = now;
@@ -248,7 +246,7 @@ impl Ledger {
     ) -> (Vec<u64>, usize) {
         let mut wants: Vec<u64> = self
             .demands
-            .get(&(kid.clone(), region.to_string()))
+            .get(&(kid.clone(), Name::from(region)))
             .into_iter()
             .flat_map(|m| m.iter())
             .filter(|(h, x)| *h != d.holder && x.at_ms.saturating_add(ttl_ms) > now)
@@ -306,8 +304,8 @@ impl Ledger {
     fn region_asks<'a>(
         &'a self,
         kid: &KeyId,
-    ) -> impl Iterator<Item = (&'a str, &'a SmallMap<String, Ask>)> + 'a {
-        let from = (kid.clone(), String::new());
+    ) -> impl Iterator<Item = (&'a str, &'a SmallMap<Name, Ask>)> + 'a {
+        let from = (kid.clone(), Name::default());
         let kid = kid.clone();
         self.demands
             .range(from..)
@@ -322,7 +320,11 @@ impl Ledger {
         let Some(rule) = self.rule_by_id(&kid.0) else {
             return;
         };
-        let Some(ps) = self.shares.get(&kid.0).filter(|p| !p.regions.is_empty()) else {
+        let Some(ps) = self
+            .shares
+            .get(kid.0.as_str())
+            .filter(|p| !p.regions.is_empty())
+        else {
             return;
         };
         let Some(ks) = self.keys.get(kid) else {
@@ -373,7 +375,9 @@ impl Ledger {
         let claims: Vec<RegionClaim> = targets
             .iter()
             .map(|(region, &g)| {
-                let asks = self.demands.get(&(kid.clone(), region.clone()));
+                let asks = self
+                    .demands
+                    .get(&(kid.clone(), Name::from(region.as_str())));
                 let recent = asks
                     .into_iter()
                     .flat_map(|m| m.values())
@@ -491,7 +495,7 @@ mod tests {
     fn a_run_of_asks_is_dated_from_its_first_ask_and_a_gap_starts_a_new_one() {
         let mut l = crate::ledger::tests::ledger(crate::ledger::tests::REGIONAL);
         let rule = l.parsed["api"].rules[0].clone();
-        let kid: KeyId = (rule.id.clone(), "acme".into());
+        let kid: KeyId = (rule.id.as_str().into(), "acme".into());
         let idle = idle_after_ms(&rule);
         let t0 = crate::ledger::tests::T0;
         let ask = Demand {

@@ -6,7 +6,7 @@
 
 use super::rates::{diverted, key_rate_ppm, promise, MAX_RATE_PPM};
 use super::tables::KeyIndex;
-use super::{Allocation, AllocationState, KeyState, Ledger, RegionKeyState};
+use super::{Allocation, AllocationState, KeyBytes, KeyState, Ledger, Name, RegionKeyState};
 use allot_common::config::PPM;
 use std::collections::BTreeMap;
 
@@ -17,7 +17,7 @@ pub struct InvariantError(pub String);
 
 /// Σ over live allocations of one (rule id, key, region): count, granted, reported, and the
 /// rate (ppm) of those still accruing.
-type LiveSums = BTreeMap<(String, Vec<u8>, String), (u64, u128, u128, u64, usize)>;
+type LiveSums = BTreeMap<(Name, KeyBytes, Name), (u64, u128, u128, u64, usize)>;
 
 fn broken(msg: String) -> Result<(), InvariantError> {
     Err(InvariantError(msg))
@@ -108,7 +108,7 @@ impl Ledger {
     /// period's use in full, its rate's promise included (a holder may spend all of it before
     /// it reports): Σ granted ≤ used.
     fn check_calendar(&self) -> Result<(), InvariantError> {
-        let mut charged: BTreeMap<(&str, &[u8]), u128> = BTreeMap::new();
+        let mut charged: BTreeMap<(&Name, &KeyBytes), u128> = BTreeMap::new();
         for (_, id) in &self.deadlines {
             let Some(a) = self.allocations.get(id) else {
                 continue;
@@ -128,7 +128,7 @@ impl Ledger {
         for ((rule, key), sum) in charged {
             let used = self
                 .keys
-                .get(&(rule.to_string(), key.to_vec()))
+                .get(&(rule.clone(), key.clone()))
                 .and_then(|ks| ks.calendar)
                 .map_or(0, |(_, u)| u);
             if sum > u128::from(used) {

@@ -34,6 +34,7 @@ mod error;
 mod fair_share;
 mod handoff;
 mod invariants;
+mod names;
 mod policy;
 mod rates;
 mod settle;
@@ -48,6 +49,7 @@ pub use error::{Ended, LedgerError, Table};
 pub use fair_share::{fair_part, one_token_ppm, region_parts, RegionClaim};
 pub use handoff::HYSTERESIS_PPM;
 pub use invariants::InvariantError;
+pub use names::{KeyBytes, Name};
 pub use rates::MAX_RATE_PPM;
 pub use sources::MAX_ID_BYTES;
 pub use tables::{
@@ -62,6 +64,7 @@ pub use types::{
 use allot_common::algorithm::{AlgorithmKind, LimitParams, LimitState};
 use allot_common::config::DomainConfig;
 use allot_common::units::{millis_to_nanos, Micros};
+use names::Names;
 use serde::{Deserialize, Serialize};
 use small_map::SmallMap;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -82,7 +85,7 @@ pub const MAX_ENDED_KEPT: usize = 100_000;
 const LEGACY_INCARNATION: u64 = u64::MAX;
 
 /// (rule id, canonical descriptor key).
-type KeyId = (String, Vec<u8>);
+type KeyId = (Name, KeyBytes);
 
 /// State of allocation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -104,17 +107,17 @@ pub struct Allocation {
     /// Never reused.
     pub id: u64,
     /// Rule id of the policy.
-    pub rule_id: String,
+    pub rule_id: Name,
     /// Canonical key of the policy key.
-    pub key: Vec<u8>,
+    pub key: KeyBytes,
     /// Policy document version at grant.
     pub policy_version: u64,
     /// Handoff version of its key's regional parts at grant (see `handoff`).
     pub shares_version: u64,
     /// Region.
-    pub region: String,
+    pub region: Name,
     /// Holder.
-    pub holder: String,
+    pub holder: Name,
     /// Epoch.
     pub epoch: u64,
     /// Microtokens the holder may spend at most: `base` plus the rate's promise (design §9),
@@ -166,8 +169,8 @@ struct Bucket {
 /// Per policy key and region: the region's bucket and its allocation totals.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 struct RegionKeyState {
-    /// `None` when the policy has no regional shares.
-    bucket: Option<Bucket>,
+    /// `None` when the policy has no regional shares (boxed: most policies have none).
+    bucket: Option<Box<Bucket>>,
     live: u64,
     granted_live: Micros,
     reported_live: Micros,
@@ -175,14 +178,14 @@ struct RegionKeyState {
     /// Σ `rate_ppm` over its live allocations that still accrue (design §9).
     rate_ppm_live: u64,
     /// (holder, id) of those allocations.
-    rated: BTreeSet<(String, u64)>,
+    rated: BTreeSet<(Name, u64)>,
 }
 
 /// State of one policy key.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 struct KeyState {
     global: Bucket,
-    regions: SmallMap<String, RegionKeyState>,
+    regions: SmallMap<Name, RegionKeyState>,
     /// (period start ms, microtokens used) of the calendar quota.
     calendar: Option<(u64, Micros)>,
     live: u64,
@@ -260,19 +263,22 @@ pub struct Ledger {
     #[serde(skip)]
     parsed: BTreeMap<String, DomainConfig>,
     shares: BTreeMap<String, PolicyShares>,
-    keys: BTreeMap<KeyId, KeyState>,
+    /// Boxed, as are the allocations: a B-tree node holds eleven slots and is often half
+    /// full, so an inline value would cost its size about twice.
+    keys: BTreeMap<KeyId, Box<KeyState>>,
     /// Live allocations and ended ones not yet forgotten.
-    allocations: BTreeMap<u64, Allocation>,
+    allocations: BTreeMap<u64, Box<Allocation>>,
     /// Live allocations by (dead_at_ms, id).
     deadlines: BTreeSet<(u64, u64)>,
     /// Ended allocations by (ended at ms, id), oldest first (ledger time never goes back).
     ended: VecDeque<(u64, u64)>,
     next_id: u64,
     /// Recent asks per (key, region): holder → ask, for fair division.
-    demands: BTreeMap<(KeyId, String), SmallMap<String, division::Ask>>,
+    demands: BTreeMap<(KeyId, Name), SmallMap<Name, division::Ask>>,
     /// (holder, request id) → (time, answer).
-    requests: BTreeMap<(String, String), (u64, Response)>,
-    request_times: BTreeSet<(u64, String, String)>,
+    requests: BTreeMap<(Name, Name), (u64, Response)>,
+    /// (time, holder, request id) of `requests`, oldest first; the same two names, shared.
+    request_times: BTreeSet<(u64, Name, Name)>,
     /// Admin write answers by client request id (`admin`).
     admin: admin::AdminRequests,
     violations: Violations,
@@ -282,6 +288,10 @@ pub struct Ledger {
     /// Refusal and eviction counters per capped table: node-local metrics, not replicated.
     #[serde(skip)]
     stats: tables::TableStats,
+    /// Rule ids, regions and holders in use, shared by the tables that name them (`names`);
+    /// memory layout only, not replicated.
+    #[serde(skip)]
+    names: Names,
     /// Which life of the ledger this is: the stamp (Unix ms) of the first command it applied,
     /// 0 before that, [`LEGACY_INCARNATION`] when restored from a snapshot without one. Every
     /// replica applies the same first entry, so all agree. Not serialised with the rest:
@@ -451,12 +461,12 @@ impl Ledger {
 
     /// An allocation by id.
     pub fn allocation(&self, id: u64) -> Option<&Allocation> {
-        self.allocations.get(&id)
+        self.allocations.get(&id).map(|a| &**a)
     }
 
     /// Every allocation, by id.
     pub fn allocations(&self) -> impl Iterator<Item = &Allocation> {
-        self.allocations.values()
+        self.allocations.values().map(|a| &**a)
     }
 
     /// Spend claimed beyond grants so far.
@@ -496,20 +506,24 @@ impl Ledger {
             .regions
             .iter()
             .map(|(name, r)| RegionStatus {
-                region: name.clone(),
+                region: name.to_string(),
                 live_allocations: r.live,
                 granted: r.granted_live,
                 reported: r.reported_live,
                 stranded: r.stranded,
                 overshoot_bound: r.granted_live.saturating_sub(r.reported_live),
-                share_ppm: ks.parts.by_region.get(name).map(|p| p.effective_ppm),
+                share_ppm: ks
+                    .parts
+                    .by_region
+                    .get(name.as_str())
+                    .map(|p| p.effective_ppm),
                 guarantee_ppm: guarantees
-                    .and_then(|g| g.regions.get(name))
+                    .and_then(|g| g.regions.get(name.as_str()))
                     .map(|g| g.target_ppm),
                 reserved_ppm: ks
                     .parts
                     .by_region
-                    .get(name)
+                    .get(name.as_str())
                     .map_or(0, |p| p.reserved_ppm.saturating_sub(p.effective_ppm)),
             })
             .collect();
@@ -537,7 +551,8 @@ impl Ledger {
     }
 
     /// Rebuilds the state derived from the stored state and not serialised (the parsed policy
-    /// documents, the key index of `tables`), after a ledger was decoded from a snapshot.
+    /// documents, the key index of `tables`, the names shared between tables), after a ledger
+    /// was decoded from a snapshot.
     ///
     /// # Errors
     /// [`LedgerError::BadInput`] (field `yaml`) naming the domain whose stored document no
@@ -551,6 +566,7 @@ impl Ledger {
             })?;
             self.parsed.insert(domain.clone(), d);
         }
+        self.share_names();
         let asks = self.demands.values().map(|m| m.len() as u64).sum();
         self.index = tables::KeyIndex::of(&self.keys, asks);
         Ok(())
@@ -640,7 +656,7 @@ impl Ledger {
     ) -> Option<Response> {
         let (_, r) = self
             .requests
-            .get(&(holder.to_string(), request_id.to_string()))?;
+            .get(&(Name::from(holder), Name::from(request_id)))?;
         if is_kind(r) {
             return Some(r.clone());
         }
@@ -652,10 +668,10 @@ impl Ledger {
     }
 
     fn remember(&mut self, holder: &str, request_id: &str, now: u64, r: &Response) {
-        let k = (holder.to_string(), request_id.to_string());
-        self.requests.insert(k, (now, r.clone()));
-        self.request_times
-            .insert((now, holder.to_string(), request_id.to_string()));
+        let (h, id) = (self.names.intern(holder), Name::from(request_id));
+        self.requests
+            .insert((h.clone(), id.clone()), (now, r.clone()));
+        self.request_times.insert((now, h, id));
     }
 }
 
@@ -668,6 +684,8 @@ mod tests;
 mod tests_admin;
 #[cfg(test)]
 mod tests_decide;
+#[cfg(test)]
+mod tests_encoding;
 #[cfg(test)]
 mod tests_rates;
 #[cfg(test)]

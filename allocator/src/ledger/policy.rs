@@ -2,8 +2,8 @@
 //! versions").
 
 use super::{
-    Ledger, LedgerError, PolicyDoc, PolicyKey, PolicyShares, RegionShareState, Response, Share,
-    ShareSpec,
+    KeyBytes, KeyId, Ledger, LedgerError, Name, PolicyDoc, PolicyKey, PolicyShares,
+    RegionShareState, Response, Share, ShareSpec,
 };
 use allot_common::algorithm::AlgorithmKind;
 use allot_common::config::{ConfigSet, DomainConfig, Rule, RuleLimit, Scope, PPM};
@@ -13,7 +13,7 @@ use std::path::Path;
 
 /// A policy key matched to its rule: the rule, the key id (rule id, canonical key) and the
 /// policy document's version.
-pub(super) type Resolved<'a> = (&'a Rule, (String, Vec<u8>), u64);
+pub(super) type Resolved<'a> = (&'a Rule, KeyId, u64);
 
 /// Parses and validates a policy document for the allocator: the decision core's validation, plus
 /// the rule that sliding windows and logs cannot be leased (design §10 "Algorithms": a log is exact
@@ -242,10 +242,10 @@ impl Ledger {
     /// Re-divides every key of a rule (after its shares or its document changed). Lowered
     /// parts apply to new grants at once; what they free moves when the older allocations end.
     fn rebalance_rule(&mut self, rule_id: &str, now: u64) {
-        let kids: Vec<(String, Vec<u8>)> = self
+        let kids: Vec<KeyId> = self
             .keys
-            .range((rule_id.to_string(), Vec::new())..)
-            .take_while(|((r, _), _)| r == rule_id)
+            .range((Name::from(rule_id), KeyBytes::default())..)
+            .take_while(|((r, _), _)| *r == *rule_id)
             .map(|(k, _)| k.clone())
             .collect();
         for kid in kids {
@@ -313,7 +313,10 @@ impl Ledger {
         let rule = &d.rules[ri];
         Ok((
             rule,
-            (rule.id.clone(), encode_key(&entries).into_vec()),
+            (
+                Name::from(rule.id.as_str()),
+                KeyBytes::from(encode_key(&entries).into_vec()),
+            ),
             self.policy_version(&key.domain),
         ))
     }

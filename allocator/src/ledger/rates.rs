@@ -9,7 +9,7 @@
 use super::division::Demand;
 use super::fair_share::fair_part;
 use super::sources::{refund_calendar, retune};
-use super::{Allocation, KeyId, KeyState, Ledger};
+use super::{Allocation, KeyId, KeyState, Ledger, Name};
 use allot_common::algorithm::{LimitParams, Rate};
 use allot_common::config::{Rule, PPM};
 use allot_common::units::{millis_to_nanos, Micros};
@@ -153,7 +153,7 @@ impl Ledger {
         let now = self.last_ms;
         let mut wants: Vec<u64> = self
             .demands
-            .get(&(kid.clone(), region.to_string()))
+            .get(&(kid.clone(), Name::from(region)))
             .into_iter()
             .flat_map(|m| m.iter())
             .filter(|(h, x)| *h != ask.demand.holder && x.at_ms.saturating_add(ttl) > now)
@@ -178,7 +178,7 @@ impl Ledger {
         let ids: Vec<u64> = match self.keys.get(kid).and_then(|k| k.regions.get(region)) {
             Some(r) => r
                 .rated
-                .range((holder.to_string(), 0)..=(holder.to_string(), u64::MAX))
+                .range((Name::from(holder), 0)..=(Name::from(holder), u64::MAX))
                 .map(|(_, id)| *id)
                 .collect(),
             None => return,
@@ -209,7 +209,7 @@ impl Ledger {
             {
                 r.granted_live = r.granted_live.saturating_sub(shrink);
                 r.rate_ppm_live = r.rate_ppm_live.saturating_sub(u64::from(ppm));
-                r.rated.remove(&(holder.to_string(), id));
+                r.rated.remove(&(Name::from(holder), id));
             }
         }
         self.retune_rates(kid, region, now);
@@ -220,7 +220,7 @@ impl Ledger {
     pub(super) fn retune_rates(&mut self, kid: &KeyId, region: &str, now: u64) {
         let has_shares = self
             .shares
-            .get(&kid.0)
+            .get(kid.0.as_str())
             .is_some_and(|p| !p.regions.is_empty());
         let Some(ks) = self.keys.get_mut(kid) else {
             return;

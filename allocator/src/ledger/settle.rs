@@ -135,7 +135,7 @@ impl Ledger {
         let mut done = a.clone();
         done.reported = spent;
         done.state = AllocationState::Released { returned };
-        self.allocations.insert(id, done.clone());
+        self.allocations.insert(id, Box::new(done.clone()));
         self.deadlines.remove(&(a.dead_at_ms, id));
         self.finish(&done, 0, now);
         Response::Released { returned }

@@ -96,6 +96,16 @@ impl<K: Ord, V> SmallMap<K, V> {
         &mut self.0[i].1
     }
 
+    /// Replaces every key by `f` of it, which must order as the key it replaces (an equal
+    /// key held elsewhere, to share it).
+    pub fn replace_keys(&mut self, mut f: impl FnMut(&K) -> K) {
+        for (k, _) in self.0.iter_mut() {
+            let new = f(k);
+            debug_assert!(new == *k, "a replaced key must equal the old one");
+            *k = new;
+        }
+    }
+
     /// Keeps the entries for which `f` is true.
     pub fn retain(&mut self, mut f: impl FnMut(&K, &mut V) -> bool) {
         let before = self.0.len();

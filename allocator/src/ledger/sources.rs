@@ -7,7 +7,7 @@
 use super::calendar::period_bounds;
 use super::division::Demand;
 use super::rates::{diverted, key_rate_ppm, region_params};
-use super::{Bucket, KeyId, KeyState, Ledger, LedgerError, PolicyKey};
+use super::{Bucket, KeyId, KeyState, Ledger, LedgerError, Name, PolicyKey};
 use allot_common::algorithm::LimitParams;
 use allot_common::config::{Rule, RuleLimit, Scope, SharesMode};
 use allot_common::decision::RetryAfter;
@@ -163,16 +163,14 @@ impl Ledger {
             }
             return Err(e);
         }
-        if !self.keys.contains_key(&kid) {
-            self.make_room(&rule, now)?;
-            self.insert_key(kid.clone(), KeyState::new(params, now));
-        }
+        let kid = self.shared_key(kid, &rule, params, now)?;
         self.record_ask(&kid, region, demand, &rule, now);
         self.rebalance_key(&kid, now);
+        let region_name = self.names.intern(region);
         let ks = self.key_mut(&kid)?;
         let ppm = share.map(|_| ks.parts.effective(region));
         let shares_version = ks.parts.version;
-        if retune_buckets(ks, region, params, ppm, activated_ns, now_ns) {
+        if retune_buckets(ks, region_name, params, ppm, activated_ns, now_ns) {
             self.index.region_added();
         }
         let borrows = share.is_some() && rule.shares_mode == SharesMode::Weighted;
@@ -188,6 +186,27 @@ impl Ledger {
         })
     }
 
+    /// The key id of `kid` as the key table holds it, so every table that names the key shares
+    /// its rule id and bytes; a new key's state is created first (making room at the cap).
+    ///
+    /// # Errors
+    /// [`LedgerError::TableFull`] from [`Ledger::make_room`]; nothing changes then.
+    fn shared_key(
+        &mut self,
+        kid: KeyId,
+        rule: &Rule,
+        params: LimitParams,
+        now: u64,
+    ) -> Result<KeyId, LedgerError> {
+        if let Some((shared, _)) = self.keys.get_key_value(&kid) {
+            return Ok(shared.clone());
+        }
+        self.make_room(rule, now)?;
+        let kid = (self.names.intern(&kid.0), kid.1);
+        self.insert_key(kid.clone(), KeyState::new(params, now));
+        Ok(kid)
+    }
+
     /// The state of a key that [`Ledger::prepare`] readied.
     ///
     /// # Errors
@@ -195,8 +214,9 @@ impl Ledger {
     pub(super) fn key_mut(&mut self, kid: &KeyId) -> Result<&mut KeyState, LedgerError> {
         self.keys
             .get_mut(kid)
+            .map(|ks| &mut **ks)
             .ok_or_else(|| LedgerError::NoKeyState {
-                policy: kid.0.clone(),
+                policy: kid.0.to_string(),
             })
     }
 }
@@ -207,7 +227,7 @@ impl Ledger {
 /// but no bucket yet). Returns whether `region` is new to the key.
 fn retune_buckets(
     ks: &mut KeyState,
-    region: &str,
+    region: Name,
     params: LimitParams,
     ppm: Option<u32>,
     activated_ns: u64,
@@ -216,8 +236,8 @@ fn retune_buckets(
     ks.undiverted = params;
     let diverted_params = diverted(params, key_rate_ppm(ks));
     retune(&mut ks.global, diverted_params, activated_ns);
-    let new_region = !ks.regions.contains_key(region);
-    let part = ks.regions.entry_or_default(region.to_string());
+    let new_region = !ks.regions.contains_key(region.as_str());
+    let part = ks.regions.entry_or_default(region);
     let region_rates = part.rate_ppm_live;
     match (
         ppm.and_then(|p| region_params(params, p, region_rates)),
@@ -225,10 +245,10 @@ fn retune_buckets(
     ) {
         (Some(rp), Some(b)) => retune(b, rp, now_ns),
         (Some(rp), slot @ None) => {
-            *slot = Some(Bucket {
+            *slot = Some(Box::new(Bucket {
                 params: rp,
                 state: rp.initial_state(now_ns),
-            })
+            }))
         }
         _ => {}
     }
@@ -286,7 +306,7 @@ fn kept_by_others(
         if name == region {
             continue;
         }
-        let (Some(b), Some(&want)) = (r.bucket.as_mut(), lend.get(name)) else {
+        let (Some(b), Some(&want)) = (r.bucket.as_mut(), lend.get(name.as_str())) else {
             continue;
         };
         let level = b.params.check(&mut b.state, now_ns, 0).remaining_micros;

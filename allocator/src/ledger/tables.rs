@@ -24,7 +24,7 @@
 //! and `make_room` looks at no more than [`EVICTION_PROBES`] of its first entries.
 
 use super::calendar::period_bounds;
-use super::{KeyId, KeyState, Ledger, LedgerError, RegionKeyState, Table};
+use super::{KeyBytes, KeyId, KeyState, Ledger, LedgerError, Name, RegionKeyState, Table};
 use allot_common::config::Rule;
 use allot_common::decision::RetryAfter;
 use allot_common::units::{millis_to_nanos, nanos_to_millis_ceil};
@@ -141,9 +141,9 @@ impl TableStats {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(super) struct KeyIndex {
     /// Keys per rule id.
-    per_rule: BTreeMap<String, u64>,
+    per_rule: BTreeMap<Name, u64>,
     /// Keys without a live allocation: (rule id, idle at ms, canonical key).
-    idle: BTreeSet<(String, u64, Vec<u8>)>,
+    idle: BTreeSet<(Name, u64, KeyBytes)>,
     /// Σ regions over keys.
     regions: u64,
     /// Σ asks over (key, region).
@@ -152,7 +152,7 @@ pub(super) struct KeyIndex {
 
 impl KeyIndex {
     /// The index of `keys` and `demands` as they are.
-    pub(super) fn of(keys: &BTreeMap<KeyId, KeyState>, asks: u64) -> KeyIndex {
+    pub(super) fn of(keys: &BTreeMap<KeyId, Box<KeyState>>, asks: u64) -> KeyIndex {
         let mut ix = KeyIndex {
             asks,
             ..KeyIndex::default()
@@ -203,20 +203,20 @@ impl KeyIndex {
     }
 
     /// The idle entry of `kid`, if any (a scan of its rule's entries: for a broken index only).
-    fn first_of(&self, kid: &KeyId) -> Option<&(String, u64, Vec<u8>)> {
+    fn first_of(&self, kid: &KeyId) -> Option<&(Name, u64, KeyBytes)> {
         self.idle
-            .range((kid.0.clone(), 0, Vec::new())..)
+            .range((kid.0.clone(), 0, KeyBytes::default())..)
             .take_while(|(r, _, _)| *r == kid.0)
             .find(|(_, _, k)| *k == kid.1)
     }
 
     /// The key of `rule_id` that becomes idle first, with that time.
-    fn first_idle(&self, rule_id: &str) -> Option<(u64, Vec<u8>)> {
+    fn first_idle(&self, rule_id: &str) -> Option<(u64, KeyBytes)> {
         let (r, at, key) = self
             .idle
-            .range((rule_id.to_string(), 0, Vec::new())..)
+            .range((Name::from(rule_id), 0, KeyBytes::default())..)
             .next()?;
-        (r == rule_id).then(|| (*at, key.clone()))
+        (*r == *rule_id).then(|| (*at, key.clone()))
     }
 
     /// Counts a region added to a key.
@@ -303,7 +303,7 @@ impl Ledger {
     /// Adds a new key's state (the caller made room) and indexes it.
     pub(super) fn insert_key(&mut self, kid: KeyId, ks: KeyState) {
         self.index.inserted(&kid, &ks);
-        self.keys.insert(kid, ks);
+        self.keys.insert(kid, Box::new(ks));
     }
 
     /// Files `kid` again in the idle index after its state changed at `now` (Unix ms).
@@ -338,7 +338,7 @@ impl Ledger {
             if at > now {
                 break;
             }
-            let kid = (rule.id.clone(), key);
+            let kid = (Name::from(rule.id.as_str()), key);
             if self.drop_if_idle(&kid, rule, now) {
                 self.stats.evicted(TableKind::Keys);
             }
@@ -435,7 +435,7 @@ impl Ledger {
             next_rule = self
                 .index
                 .idle
-                .range((format!("{rule_id}\0"), 0, Vec::new())..)
+                .range((Name::from(format!("{rule_id}\0")), 0, KeyBytes::default())..)
                 .next()
                 .map(|(r, _, _)| r.clone());
         }
@@ -469,7 +469,7 @@ impl Ledger {
                 cap: rule.lease.max_allocations,
             });
         }
-        let asks = self.demands.get(&(kid.clone(), region.to_string()))?;
+        let asks = self.demands.get(&(kid.clone(), Name::from(region)))?;
         let cap = rule.lease.max_holders;
         if asks.contains_key(holder) || (asks.len() as u64) < cap {
             return None;

@@ -891,7 +891,7 @@ fn finished_allocations_are_forgotten_and_snapshots_stay_bounded() {
     let retry = Command::Release {
         allocation_id: last.id,
         epoch: last.epoch,
-        holder: last.holder.clone(),
+        holder: last.holder.to_string(),
         final_spend: 0,
     };
     assert_eq!(l.apply_at(&retry, t), Response::Released { returned: T });

@@ -319,7 +319,7 @@ proptest::proptest! {
                 }
             }
             l.check_invariants().map_err(|e| proptest::test_runner::TestCaseError::fail(e.to_string()))?;
-            let kid_live: u64 = l.keys.values().map(super::rates::key_rate_ppm).max().unwrap_or(0);
+            let kid_live: u64 = l.keys.values().map(|k| super::rates::key_rate_ppm(k)).max().unwrap_or(0);
             proptest::prop_assert!(kid_live <= u64::from(MAX_RATE_PPM));
         }
         // Whatever is still held could all have been spent by now; an expired one, all of it.

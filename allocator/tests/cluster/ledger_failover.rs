@@ -142,7 +142,7 @@ fn identity(a: &Allocation) -> (u64, u64, String, u64, u64, u64, u64) {
     (
         a.id,
         a.epoch,
-        a.holder.clone(),
+        a.holder.to_string(),
         a.granted,
         a.issued_at_ms,
         a.expires_at_ms,

@@ -220,10 +220,10 @@ impl Checker {
         let g = self.generation;
         for a in l.allocations() {
             let facts = Granted {
-                holder: a.holder.clone(),
-                rule_id: a.rule_id.clone(),
-                key: a.key.clone(),
-                region: a.region.clone(),
+                holder: a.holder.to_string(),
+                rule_id: a.rule_id.to_string(),
+                key: a.key.to_vec(),
+                region: a.region.to_string(),
                 epoch: a.epoch,
                 issued_at_ms: a.issued_at_ms,
             };
