@@ -142,7 +142,7 @@ fn a_restored_ledger_shares_its_names_between_tables() {
         assert!(kid.0.is_shared_with(rule) && region.is_shared_with(&a.region));
         assert!(asks.keys().any(|h| h.is_shared_with(&a.holder)));
         assert!(l.requests.keys().any(|(h, _)| h.is_shared_with(&a.holder)));
-        for ((h, id), _) in &l.requests {
+        for (h, id) in l.requests.keys() {
             let (_, th, tid) = l
                 .request_times
                 .iter()
