@@ -8,16 +8,17 @@
 //! compares, orders and hashes as its string.
 
 use super::{KeyId, KeyState, Ledger};
-use serde::de::{Deserialize, Deserializer};
-use serde::ser::{Serialize, Serializer};
+use serde::{Deserialize, Serialize};
 use std::borrow::Borrow;
 use std::collections::{BTreeMap, HashSet};
 use std::fmt;
 use std::ops::Deref;
 use std::sync::Arc;
 
-/// A string shared between the tables that name it (see the module docs).
-#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+/// A string shared between the tables that name it (see the module docs); serialized as the
+/// string itself (serde's `rc` impls, `transparent`).
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize)]
+#[serde(transparent)]
 pub struct Name(Arc<str>);
 
 impl Name {
@@ -95,21 +96,10 @@ impl fmt::Display for Name {
     }
 }
 
-impl Serialize for Name {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&self.0)
-    }
-}
-
-impl<'de> Deserialize<'de> for Name {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        String::deserialize(d).map(Name::from)
-    }
-}
-
 /// A policy key's canonical bytes, shared like a [`Name`]; encoded as the `Vec<u8>` it
-/// replaces (a sequence of bytes).
-#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+/// replaces (a sequence of bytes: serde serializes `[u8]` as `Vec<u8>` does).
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
 pub struct KeyBytes(Arc<[u8]>);
 
 impl Default for KeyBytes {
@@ -147,19 +137,6 @@ impl From<&str> for KeyBytes {
 impl fmt::Debug for KeyBytes {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Debug::fmt(&*self.0, f)
-    }
-}
-
-impl Serialize for KeyBytes {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        // As `Vec<u8>` does: a sequence, not serde bytes.
-        s.collect_seq(self.0.iter())
-    }
-}
-
-impl<'de> Deserialize<'de> for KeyBytes {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        Vec::<u8>::deserialize(d).map(KeyBytes::from)
     }
 }
 
