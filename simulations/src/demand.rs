@@ -289,16 +289,7 @@ impl<'a> Run<'a> {
         figures.insert("wait_timeouts".into(), d.wait_timeouts.into());
         figures.insert("failure_mode_denials".into(), d.failure_mode.into());
         figures.insert("rpc_errors".into(), d.rpc_errors.into());
-        let w = d.work;
-        for (name, v) in [
-            ("allocator_calls", w.calls),
-            ("decide_items", w.decides),
-            ("acquire_items", w.acquires),
-            ("report_items", w.reports),
-            ("release_items", w.releases),
-            ("promotions", w.promotions),
-            ("demotions", w.demotions),
-        ] {
+        for (name, v) in d.work.figures() {
             figures.insert(name.into(), v.into());
         }
         let mut measured = extra.measured;

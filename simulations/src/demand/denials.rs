@@ -42,44 +42,75 @@ pub(crate) struct Work {
     pub demotions: u64,
 }
 
+/// The counters of [`Work`] in field order: the `--json` figure, the agent's Prometheus counter
+/// and the label selecting its series (`None`: the whole counter).
+const WORK_COUNTERS: [(&str, &str, Option<&str>); 7] = [
+    ("allocator_calls", "allot_agent_allocator_calls_total", None),
+    ("decide_items", RPCS, Some("kind=\"decide\"")),
+    ("acquire_items", RPCS, Some("kind=\"acquire\"")),
+    ("report_items", RPCS, Some("kind=\"report\"")),
+    ("release_items", RPCS, Some("kind=\"release\"")),
+    ("promotions", MOVES, Some("to=\"leased\"")),
+    ("demotions", MOVES, Some("to=\"central\"")),
+];
+const RPCS: &str = "allot_agent_allocator_rpcs_total";
+const MOVES: &str = "allot_agent_key_moves_total";
+
 impl Work {
-    /// What was counted between `before` and `self` (saturating, as [`Denials::since`]).
-    fn since(self, b: Work) -> Work {
+    /// The counts in [`WORK_COUNTERS`] order.
+    fn counts(self) -> [u64; 7] {
+        [
+            self.calls,
+            self.decides,
+            self.acquires,
+            self.reports,
+            self.releases,
+            self.promotions,
+            self.demotions,
+        ]
+    }
+
+    fn from_counts(c: [u64; 7]) -> Work {
+        let [calls, decides, acquires, reports, releases, promotions, demotions] = c;
         Work {
-            calls: self.calls.saturating_sub(b.calls),
-            decides: self.decides.saturating_sub(b.decides),
-            acquires: self.acquires.saturating_sub(b.acquires),
-            reports: self.reports.saturating_sub(b.reports),
-            releases: self.releases.saturating_sub(b.releases),
-            promotions: self.promotions.saturating_sub(b.promotions),
-            demotions: self.demotions.saturating_sub(b.demotions),
+            calls,
+            decides,
+            acquires,
+            reports,
+            releases,
+            promotions,
+            demotions,
         }
     }
 
-    /// `self` and `b` together (saturating).
-    fn plus(self, b: Work) -> Work {
-        Work {
-            calls: self.calls.saturating_add(b.calls),
-            decides: self.decides.saturating_add(b.decides),
-            acquires: self.acquires.saturating_add(b.acquires),
-            reports: self.reports.saturating_add(b.reports),
-            releases: self.releases.saturating_add(b.releases),
-            promotions: self.promotions.saturating_add(b.promotions),
-            demotions: self.demotions.saturating_add(b.demotions),
-        }
+    /// Each count combined with `o`'s by `f`.
+    fn zip(self, o: Work, f: fn(u64, u64) -> u64) -> Work {
+        let (a, b) = (self.counts(), o.counts());
+        Work::from_counts(std::array::from_fn(|i| f(a[i], b[i])))
+    }
+
+    /// What was counted between `before` and `self` (saturating, as [`Denials::since`]).
+    fn since(self, before: Work) -> Work {
+        self.zip(before, u64::saturating_sub)
+    }
+
+    /// `self` and `o` together (saturating).
+    fn plus(self, o: Work) -> Work {
+        self.zip(o, u64::saturating_add)
+    }
+
+    /// The `--json` figures: (name, count).
+    pub fn figures(self) -> impl Iterator<Item = (&'static str, u64)> {
+        WORK_COUNTERS.iter().map(|c| c.0).zip(self.counts())
     }
 
     /// Adds one agent's counters from its Prometheus text.
     fn add(&mut self, text: &str) {
-        let rpcs = "allot_agent_allocator_rpcs_total";
-        let moves = "allot_agent_key_moves_total";
-        self.calls += counter(text, "allot_agent_allocator_calls_total");
-        self.decides += labelled(text, rpcs, "kind=\"decide\"");
-        self.acquires += labelled(text, rpcs, "kind=\"acquire\"");
-        self.reports += labelled(text, rpcs, "kind=\"report\"");
-        self.releases += labelled(text, rpcs, "kind=\"release\"");
-        self.promotions += labelled(text, moves, "to=\"leased\"");
-        self.demotions += labelled(text, moves, "to=\"central\"");
+        let read = WORK_COUNTERS.map(|(_, name, label)| match label {
+            None => counter(text, name),
+            Some(l) => labelled(text, name, l),
+        });
+        *self = self.plus(Work::from_counts(read));
     }
 }
 
