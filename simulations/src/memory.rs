@@ -58,6 +58,9 @@ pub struct Options {
     pub sample: Duration,
     /// Parts to run (all when empty).
     pub parts: Vec<String>,
+    /// Times the idle and leased parts run (each on a fresh deployment; the steady part runs
+    /// once); at least 1.
+    pub rounds: u32,
 }
 
 /// Resident memory of the two processes, bytes.
@@ -85,6 +88,8 @@ pub struct Held {
 pub struct PartReport {
     /// Part name.
     pub part: String,
+    /// Which run of the part this is, from 1 (see [`Options::rounds`]).
+    pub round: u32,
     /// What was done.
     pub what: String,
     /// RSS right after start-up.
@@ -210,6 +215,30 @@ impl PartReport {
         rows
     }
 
+    /// The part's targeted figure, (what, bytes per key, target bytes): the agent's idle key
+    /// (idle), the allocator's key with a live allocation (leased); `None` for the steady part
+    /// or a part without a sample.
+    pub fn targeted(&self) -> Option<(&'static str, f64, f64)> {
+        let (_, rss, held) = self.last()?;
+        let b = &self.baseline;
+        match self.part.as_str() {
+            "idle" => Some((
+                "agent, idle key",
+                per_key(b.agent, rss.agent, held.agent_keys),
+                AGENT_IDLE_TARGET,
+            )),
+            "leased" => {
+                let keys = held.allocator_tables.get("policy_keys").copied();
+                Some((
+                    "allocator, key with a live allocation",
+                    per_key(b.allocator, rss.allocator, keys.unwrap_or(0)),
+                    ALLOCATOR_LEASED_TARGET,
+                ))
+            }
+            _ => None,
+        }
+    }
+
     /// Growth of one process's RSS over the samples.
     pub fn growth(&self, pick: fn(&Rss) -> u64) -> Growth {
         let s: Vec<u64> = self.samples.iter().map(|(_, r, _)| pick(r)).collect();
@@ -285,6 +314,22 @@ pub async fn run(o: &Options, mut progress: impl FnMut(&str)) -> Result<Vec<Part
         if !o.parts.is_empty() && !o.parts.iter().any(|p| p == part) {
             continue;
         }
+        let rounds = if part == "steady" { 1 } else { o.rounds.max(1) };
+        for round in 1..=rounds {
+            if rounds > 1 {
+                progress(&format!("{part}: round {round} of {rounds}"));
+            }
+            let mut r = run_once(o, part, &mut progress).await?;
+            r.round = round;
+            out.push(r);
+        }
+    }
+    Ok(out)
+}
+
+/// One run of `part` on a deployment of its own.
+async fn run_once(o: &Options, part: &str, progress: &mut impl FnMut(&str)) -> Result<PartReport> {
+    {
         let dir = o.data_dir.join(part);
         if dir.exists() {
             std::fs::remove_dir_all(&dir)?;
@@ -317,15 +362,14 @@ pub async fn run(o: &Options, mut progress: impl FnMut(&str)) -> Result<Vec<Part
         };
         progress(&format!("{part}: starting 1 allocator and 1 agent"));
         let d = Deployment::start(&plan).await?;
-        let r = run_part(&d, part, o, &mut progress).await;
+        let r = run_part(&d, part, o, progress).await;
         let unclean = d.shutdown().await;
         let mut r = r?;
         // Reported, not fatal: the figures were read before the shutdown (an agent releasing
         // 100,000 allocations on a loaded machine can outlast the launcher's 10 s).
         r.unclean_exits = unclean;
-        out.push(r);
+        Ok(r)
     }
-    Ok(out)
 }
 
 async fn run_part(
@@ -448,6 +492,7 @@ async fn run_part(
     }
     Ok(PartReport {
         part: part.to_string(),
+        round: 1,
         what,
         baseline,
         samples,
@@ -575,10 +620,18 @@ pub fn table(reports: &[PartReport]) -> String {
         "target".into(),
         "met".into(),
     ]];
+    let several = |part: &str| reports.iter().filter(|r| r.part == part).count() > 1;
     for r in reports {
+        let label = match several(&r.part) {
+            true => format!("{} #{}", r.part, r.round),
+            false => r.part.clone(),
+        };
         for [a, b, c, d] in r.rows() {
-            rows.push([r.part.clone(), a, b, c, d]);
+            rows.push([label.clone(), a, b, c, d]);
         }
+    }
+    for part in PARTS.iter().filter(|p| several(p)) {
+        rows.extend(median_row(reports.iter().filter(|r| r.part == *part)));
     }
     let widths: Vec<usize> = (0..5)
         .map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0))
@@ -626,6 +679,41 @@ pub fn table(reports: &[PartReport]) -> String {
     out
 }
 
+/// The median over the rounds of one part of its targeted figure, with the range; `met`
+/// judged on the median. `None` without a targeted figure.
+fn median_row<'a>(rounds: impl Iterator<Item = &'a PartReport>) -> Option<[String; 5]> {
+    let mut part = String::new();
+    let mut what = "";
+    let mut target = 0.0;
+    let mut v: Vec<f64> = Vec::new();
+    for r in rounds {
+        let (w, x, t) = r.targeted()?;
+        (part, what, target) = (r.part.clone(), w, t);
+        v.push(x);
+    }
+    let (lo, mid, hi) = spread(&mut v)?;
+    Some([
+        format!("{part} median"),
+        format!("{what}, median of {} rounds", v.len()),
+        format!("{mid:.0} B/key (range {lo:.0}–{hi:.0})"),
+        format!("≤ {target:.0} B"),
+        yes(mid <= target),
+    ])
+}
+
+/// (min, median, max) of `v` (sorted in place; the median of an even count is the mean of the
+/// middle two); `None` when empty.
+fn spread(v: &mut [f64]) -> Option<(f64, f64, f64)> {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    let mid = match n {
+        0 => return None,
+        _ if n % 2 == 1 => v[n / 2],
+        _ => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    };
+    Some((v[0], mid, v[n - 1]))
+}
+
 /// Where a part's data goes when none is given: a new temporary folder.
 pub fn temp_dir() -> PathBuf {
     std::env::temp_dir().join(format!("allot-memory-{}", std::process::id()))
@@ -641,6 +729,51 @@ pub fn has_binaries(dir: &Path) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_spread_of_rounds_is_min_median_max() {
+        assert_eq!(spread(&mut []), None);
+        assert_eq!(spread(&mut [5.0]), Some((5.0, 5.0, 5.0)));
+        assert_eq!(spread(&mut [3.0, 1.0, 2.0]), Some((1.0, 2.0, 3.0)));
+        assert_eq!(spread(&mut [4.0, 1.0, 2.0, 3.0]), Some((1.0, 2.5, 4.0)));
+    }
+
+    #[test]
+    fn several_rounds_get_a_median_row_judged_on_the_median() {
+        let report = |round, allocator: u64| {
+            let mut held = Held::default();
+            held.allocator_tables.insert("policy_keys".into(), 1_000);
+            PartReport {
+                part: "leased".into(),
+                round,
+                what: "w".into(),
+                baseline: Rss::default(),
+                samples: vec![(
+                    0,
+                    Rss {
+                        agent: 0,
+                        allocator,
+                    },
+                    held,
+                )],
+                load: LoadSummary::default(),
+                unclean_exits: Vec::new(),
+            }
+        };
+        // 2,500, 1,900 and 1,800 B per key: the median, 1,900, meets 2,000.
+        let rs = [
+            report(1, 2_500_000),
+            report(2, 1_900_000),
+            report(3, 1_800_000),
+        ];
+        let row = median_row(rs.iter()).expect("a targeted figure");
+        assert_eq!(row[0], "leased median");
+        assert_eq!(row[2], "1900 B/key (range 1800–2500)");
+        assert_eq!(row[4], yes(true));
+        let t = table(&rs);
+        assert!(t.contains("leased #3"), "{t}");
+        assert!(t.contains("median of 3 rounds"), "{t}");
+    }
 
     #[test]
     fn a_gauge_is_read_with_or_without_labels_and_not_by_prefix() {

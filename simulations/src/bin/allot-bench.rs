@@ -133,6 +133,11 @@ enum Command {
         /// Run only this part (repeatable): idle, leased, steady.
         #[arg(long = "part")]
         parts: Vec<String>,
+        /// Times the idle and leased parts run, each on a fresh deployment; the table gives
+        /// every round and the median with its range (one round's RSS growth varies by about
+        /// ±12 % here).
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=99))]
+        rounds: u32,
         /// Folder of allot-allocator and allot-agent [default: $ALLOT_BIN_DIR, else this
         /// binary's folder].
         #[arg(long)]
@@ -388,6 +393,7 @@ async fn run(command: Command) -> Result<()> {
             duration_s,
             sample_s,
             parts,
+            rounds,
             bin_dir,
             data_dir,
             json,
@@ -406,6 +412,7 @@ async fn run(command: Command) -> Result<()> {
                 duration: Duration::from_secs(duration_s),
                 sample: Duration::from_secs(sample_s),
                 parts,
+                rounds,
             };
             let r = memory::run(&o, |line| eprintln!("{line}")).await;
             report(r, temp.then_some(data_dir.as_path()), json, |r| {
