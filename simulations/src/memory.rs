@@ -125,6 +125,14 @@ impl LoadSummary {
     }
 }
 
+/// The keys the allocator reports holding (its `policy_keys` table; 0 when not reported).
+fn allocator_keys(held: &Held) -> u64 {
+    held.allocator_tables
+        .get("policy_keys")
+        .copied()
+        .unwrap_or(0)
+}
+
 /// Growth of `after` over `before` divided by `n`, bytes (negative when it shrank).
 pub fn per_key(before: u64, after: u64, n: u64) -> f64 {
     (after as f64 - before as f64) / n.max(1) as f64
@@ -143,18 +151,13 @@ impl PartReport {
             return rows;
         };
         let b = &self.baseline;
-        let alloc_keys = held
-            .allocator_tables
-            .get("policy_keys")
-            .copied()
-            .unwrap_or(0);
+        let alloc_keys = allocator_keys(held);
         let alloc_live = held
             .allocator_tables
             .get("allocations")
             .copied()
             .unwrap_or(0);
-        let agent = per_key(b.agent, rss.agent, held.agent_keys);
-        let allocator = per_key(b.allocator, rss.allocator, alloc_keys);
+        let (agent, allocator) = self.bytes_per_key().unwrap_or_default();
         let mb = |x: u64| format!("{:.1} MB", x as f64 / 1e6);
         match self.part.as_str() {
             "idle" => {
@@ -219,24 +222,27 @@ impl PartReport {
     /// (idle), the allocator's key with a live allocation (leased); `None` for the steady part
     /// or a part without a sample.
     pub fn targeted(&self) -> Option<(&'static str, f64, f64)> {
-        let (_, rss, held) = self.last()?;
-        let b = &self.baseline;
+        let (agent, allocator) = self.bytes_per_key()?;
         match self.part.as_str() {
-            "idle" => Some((
-                "agent, idle key",
-                per_key(b.agent, rss.agent, held.agent_keys),
-                AGENT_IDLE_TARGET,
+            "idle" => Some(("agent, idle key", agent, AGENT_IDLE_TARGET)),
+            "leased" => Some((
+                "allocator, key with a live allocation",
+                allocator,
+                ALLOCATOR_LEASED_TARGET,
             )),
-            "leased" => {
-                let keys = held.allocator_tables.get("policy_keys").copied();
-                Some((
-                    "allocator, key with a live allocation",
-                    per_key(b.allocator, rss.allocator, keys.unwrap_or(0)),
-                    ALLOCATOR_LEASED_TARGET,
-                ))
-            }
             _ => None,
         }
+    }
+
+    /// (agent, allocator) bytes per key at the last sample: RSS growth over the baseline per key
+    /// each process reports holding; `None` without a sample.
+    fn bytes_per_key(&self) -> Option<(f64, f64)> {
+        let (_, rss, held) = self.last()?;
+        let b = &self.baseline;
+        Some((
+            per_key(b.agent, rss.agent, held.agent_keys),
+            per_key(b.allocator, rss.allocator, allocator_keys(held)),
+        ))
     }
 
     /// Growth of one process's RSS over the samples.
@@ -329,47 +335,45 @@ pub async fn run(o: &Options, mut progress: impl FnMut(&str)) -> Result<Vec<Part
 
 /// One run of `part` on a deployment of its own.
 async fn run_once(o: &Options, part: &str, progress: &mut impl FnMut(&str)) -> Result<PartReport> {
-    {
-        let dir = o.data_dir.join(part);
-        if dir.exists() {
-            std::fs::remove_dir_all(&dir)?;
-        }
-        let policies = dir.join("policies");
-        assemble_policies(
-            &[PathBuf::from(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/policies/memory"
-            ))],
-            &policies,
-        )?;
-        let settings = match agent_settings(part) {
-            Some(text) => {
-                let f = dir.join("agent.yaml");
-                std::fs::write(&f, text)?;
-                Some(f)
-            }
-            None => None,
-        };
-        let plan = Plan {
-            bin_dir: o.bin_dir.clone(),
-            policies,
-            data_dir: dir.clone(),
-            agents: vec![("eu-west".into(), 1)],
-            envoy: None,
-            gateway_regions: Vec::new(),
-            allocator_nodes: 1,
-            agent_settings: settings,
-        };
-        progress(&format!("{part}: starting 1 allocator and 1 agent"));
-        let d = Deployment::start(&plan).await?;
-        let r = run_part(&d, part, o, progress).await;
-        let unclean = d.shutdown().await;
-        let mut r = r?;
-        // Reported, not fatal: the figures were read before the shutdown (an agent releasing
-        // 100,000 allocations on a loaded machine can outlast the launcher's 10 s).
-        r.unclean_exits = unclean;
-        Ok(r)
+    let dir = o.data_dir.join(part);
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir)?;
     }
+    let policies = dir.join("policies");
+    assemble_policies(
+        &[PathBuf::from(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/policies/memory"
+        ))],
+        &policies,
+    )?;
+    let settings = match agent_settings(part) {
+        Some(text) => {
+            let f = dir.join("agent.yaml");
+            std::fs::write(&f, text)?;
+            Some(f)
+        }
+        None => None,
+    };
+    let plan = Plan {
+        bin_dir: o.bin_dir.clone(),
+        policies,
+        data_dir: dir.clone(),
+        agents: vec![("eu-west".into(), 1)],
+        envoy: None,
+        gateway_regions: Vec::new(),
+        allocator_nodes: 1,
+        agent_settings: settings,
+    };
+    progress(&format!("{part}: starting 1 allocator and 1 agent"));
+    let d = Deployment::start(&plan).await?;
+    let r = run_part(&d, part, o, progress).await;
+    let unclean = d.shutdown().await;
+    let mut r = r?;
+    // Reported, not fatal: the figures were read before the shutdown (an agent releasing
+    // 100,000 allocations on a loaded machine can outlast the launcher's 10 s).
+    r.unclean_exits = unclean;
+    Ok(r)
 }
 
 async fn run_part(
