@@ -57,6 +57,9 @@ impl Ledger {
         };
         let t = self.prepare(&d.key, &d.region, &demand, now)?;
         let r = self.decide_prepared(d, &t, now);
+        if matches!(r, Ok(Decided { allowed: true, .. })) {
+            self.note_served(&t.kid, &d.region, &demand, t.rule.lease.ttl_ms);
+        }
         self.reindex_key(&t.kid, now);
         r
     }

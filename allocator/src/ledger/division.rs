@@ -34,7 +34,8 @@ pub(super) struct Demand<'a> {
 pub(super) struct Ask {
     /// Microtokens wanted over one lease period.
     pub(super) want: Micros,
-    /// Measured demand, microtokens per second; 0 when the holder did not say.
+    /// Measured demand, microtokens per second; 0 when the holder did not say. An admitted
+    /// central decision records its cost spread over one lease here (`note_served`).
     pub(super) demand_per_s: u64,
     /// When it asked, Unix ms.
     pub(super) at_ms: u64,
@@ -84,10 +85,12 @@ fn within(at: u64, window: u64, now: u64) -> bool {
 /// * It asked within the last [`SETTLE_MS`]: it may be in the middle of a burst, so it keeps
 ///   all of it too. Two regions that start hammering at once both keep their guarantees.
 /// * Otherwise every ask was met and the region has been quiet since: it keeps what its
-///   holders asked for last, Σ of their wants (at least one token), so a repeat of those asks
-///   is still covered, and lends the rest of its part (weighted max-min by demand: a burst
-///   that lands mostly in one region does not strand the other region's unasked part). Its
-///   next denial makes it keep all again.
+///   holders still ask for, Σ of their outstanding wants (at least one token), so a renewal of
+///   their allocations is still covered, and lends the rest of its part (weighted max-min by
+///   demand: a burst that lands mostly in one region does not strand the other region's
+///   unasked part). An admitted central decision wants nothing more (`note_served`): a region
+///   that only decides centrally keeps one token, and its next denial makes it keep all again,
+///   so its guarantee comes back within one ask.
 fn busy_region_keeps<'a>(
     asks: impl Iterator<Item = &'a Ask>,
     idle: u64,
@@ -230,6 +233,23 @@ impl Ledger {
             .and_then(|m| m.get_mut(holder))
         {
             x.denied_at_ms = now;
+        }
+    }
+
+    /// Notes that `holder`'s central decision for `kid` in `region` was admitted at `now`: its
+    /// cost is debited already, so its ask keeps no want outstanding (a busy region's keep and
+    /// the max-min inside the region hold nothing back for it), and its demand stays the cost
+    /// spread over one lease of `ttl_ms` (the region's claim does not change). Without this a
+    /// served burst reserved its own cost a second time against a borrower (issue 9, skewed
+    /// part a: an Acquire granted 6 of the 11 tokens left).
+    pub(super) fn note_served(&mut self, kid: &KeyId, region: &str, d: &Demand<'_>, ttl_ms: u64) {
+        if let Some(x) = self
+            .demands
+            .get_mut(&(kid.clone(), Name::from(region)))
+            .and_then(|m| m.get_mut(d.holder))
+        {
+            x.demand_per_s = x.rate_per_s(ttl_ms);
+            x.want = 0;
         }
     }
 

@@ -346,3 +346,90 @@ fn a_busy_weighted_region_keeps_its_whole_part() {
     assert!(d.allowed, "{d:?}");
     l.check_invariants().unwrap();
 }
+
+/// ACME with the story's regions: 50 % each, weighted (the default), lease 2 s, grants of at
+/// most `max_grant` tokens.
+fn acme_two_regions(max_grant: u64) -> String {
+    ACME.replace(
+        "      lease: {ttl_ms: 5000, max_grant: 20, max_drift_ms: 500}\n",
+        &format!("      lease: {{ttl_ms: 2000, max_grant: {max_grant}, max_drift_ms: 250}}\n      regions:\n        - {{region: eu-west, share: \"50%\"}}\n        - {{region: us-east, share: \"50%\"}}\n"),
+    )
+}
+
+/// One token decided centrally for `holder` in `region` at `t` (request id `id`).
+fn decide_one(l: &mut Ledger, region: &str, holder: &str, t: u64, id: &str) -> Decided {
+    match l.apply_at(&decide_cmd(region, holder, T, id), t) {
+        Response::Decided(d) => d,
+        other => panic!("expected a decision, got {other:?}"),
+    }
+}
+
+/// Story part a, skewed (issue 9), at `T0`: 9 decisions in us-east over three gateways and 20
+/// in eu-west, mostly on e1; every one admitted (29 of the burst of 40).
+fn skewed_burst(l: &mut Ledger) {
+    let mut n = 0;
+    for (region, holder, count) in [
+        ("us-east", "u1", 3),
+        ("us-east", "u2", 3),
+        ("us-east", "u3", 3),
+        ("eu-west", "e1", 13),
+        ("eu-west", "e2", 4),
+        ("eu-west", "e3", 3),
+    ] {
+        for _ in 0..count {
+            n += 1;
+            let d = decide_one(l, region, holder, T0, &format!("d{n}"));
+            assert!(d.allowed, "{region}/{holder}: {d:?}");
+        }
+    }
+    l.check_invariants().expect("invariants");
+}
+
+#[test]
+fn an_admitted_decision_reserves_nothing_when_another_holder_borrows() {
+    // Every decision of the burst was admitted and its cost debited at once, so it is demand
+    // that has been served: neither its region's keep (us-east) nor its holder's slot inside
+    // eu-west may hold tokens back from the gateway that asks next.
+    let mut l = ledger(&acme_two_regions(8));
+    skewed_burst(&mut l);
+    // 57 ms later (us-east settled): 40 − 29 + 0.57 refilled = 11.57 tokens in the bucket.
+    let at = T0 + 57;
+    assert_eq!(bucket(&l, at), 11 * T + 57 * T / 100);
+    let g = granted(&acquire(&mut l, at, "eu-west", "e1", 8 * T, "a1"));
+    assert_eq!(g.granted, 8 * T, "{g:?}");
+    l.check_invariants().expect("invariants");
+}
+
+#[test]
+fn a_region_that_only_decided_gets_its_guarantee_back_after_one_denial() {
+    // The price of the rule above: settled us-east, whose holders only decided centrally,
+    // keeps one token, so eu-west may borrow the rest of the global bucket. us-east's next
+    // decision past that token is denied, and from that denial on it keeps all of its own
+    // bucket again: what refills next goes to us-east, not to the borrower.
+    let mut l = ledger(&acme_two_regions(20));
+    skewed_burst(&mut l);
+    let at = T0 + 57;
+    let g = granted(&acquire(&mut l, at, "eu-west", "e1", 20 * T, "a1"));
+    assert_eq!(g.granted, 10 * T, "all but us-east's one kept token: {g:?}");
+    assert!(decide_one(&mut l, "us-east", "u1", at, "u1-a").allowed);
+    let no = decide_one(&mut l, "us-east", "u2", at, "u2-a");
+    assert!(!no.allowed && !no.never, "{no:?}");
+    l.check_invariants().expect("invariants");
+    // 200 ms later two tokens have refilled globally; us-east's own part (5/s) holds plenty.
+    // The borrower asks first and gets nothing beyond eu-west's own part (1 token refilled
+    // at 5/s); us-east's decision after it is admitted.
+    let later = at + 200;
+    let r = acquire(&mut l, later, "eu-west", "e1", 20 * T, "a2");
+    let lent = match r {
+        Response::Granted(g) => g.granted,
+        Response::Denied(_) => 0,
+        other => panic!("{other:?}"),
+    };
+    assert!(
+        lent <= T,
+        "eu-west borrowed past us-east's guarantee: {lent}"
+    );
+    let d = decide_one(&mut l, "us-east", "u2", later, "u2-b");
+    assert!(d.allowed, "us-east's guarantee after its denial: {d:?}");
+    l.check_invariants().expect("invariants");
+}
