@@ -51,11 +51,32 @@ const LOW_WATERMARK_PCT: u64 = 25;
 struct Held {
     id: u64,
     epoch: u64,
+    /// The base, µtok granted at once.
     granted: u64,
     spent: u64,
     reported: u64,
     /// The gateway stops spending here: issued + ttl − drift margin.
     deadline: u64,
+    /// The rate it accrues, µtok/s (0: none), and the most that adds (design §9).
+    rate_per_s: u64,
+    promised: u64,
+    /// It accrues from here (1 ms after it received the grant) to `accrual_end` (the deadline,
+    /// or when a later Acquire superseded it), Unix ms.
+    accrue_from: u64,
+    accrual_end: u64,
+}
+
+impl Held {
+    /// What the gateway may have spent by `now`: the base and what accrued, as the agent
+    /// counts it (late start, early stop, integer arithmetic).
+    fn entitled(&self, now: u64) -> u64 {
+        let until = now.min(self.accrual_end).min(self.deadline);
+        let ms = until.saturating_sub(self.accrue_from);
+        let accrued = u64::try_from(u128::from(self.rate_per_s) * u128::from(ms) / 1000)
+            .unwrap_or(u64::MAX)
+            .min(self.promised);
+        self.granted + accrued
+    }
 }
 
 /// One gateway of the driver.
@@ -78,6 +99,10 @@ struct Gateway {
     central: bool,
     /// Start of the current promotion window and what was admitted centrally in it.
     window: (u64, u64),
+    /// Whether the allocator's last answer was short of the ask (a smaller grant or a denial).
+    short: bool,
+    /// Acquires sent per whole second since the start.
+    acquires: Vec<u64>,
 }
 
 /// A driver over one ledger, one policy key and a set of gateways.
@@ -92,6 +117,13 @@ struct Driver {
     ideal_admitted: u64,
     offered: u64,
     now: u64,
+    /// Gateways ask rate-carrying allocations as the agent does with `rate_leases: true`
+    /// (agent/src/lease/manager.rs `want`), with its short-grant hold and accrual denial.
+    rates: bool,
+    /// Check the ledger's invariants after every command.
+    checked: bool,
+    /// Print every Acquire until this time (Unix ms; 0: none).
+    trace_until: u64,
 }
 
 impl Driver {
@@ -123,7 +155,21 @@ impl Driver {
             ideal_admitted: 0,
             offered: 0,
             now: T0,
+            rates: false,
+            checked: false,
+            trace_until: 0,
         }
+    }
+
+    /// Applies `cmd` at the driver's time, checking the invariants when asked to.
+    fn apply(&mut self, cmd: &Command) -> Response {
+        let r = self.ledger.apply_at(cmd, self.now);
+        if self.checked {
+            if let Err(e) = self.ledger.check_invariants() {
+                panic!("after {cmd:?} at +{} ms: {e:?}", self.now - T0);
+            }
+        }
+        r
     }
 
     fn gateways(&mut self, region: &'static str, n: usize) {
@@ -150,6 +196,8 @@ impl Driver {
                 admitted: Vec::new(),
                 central,
                 window: (0, 0),
+                short: false,
+                acquires: Vec::new(),
             });
         }
     }
@@ -206,15 +254,22 @@ impl Driver {
             let a = g
                 .held
                 .iter_mut()
-                .find(|a| now < a.deadline && a.spent + T <= a.granted)?;
+                .find(|a| now < a.deadline && a.spent + T <= a.entitled(now))?;
             a.spent += T;
             Some(())
         };
         let g = &mut self.gateways[gi];
         let mut ok = spent(g).is_some();
+        // The agent's accrual denial: after a short answer, a key whose rate will still accrue
+        // a token waits for it instead of asking (agent/src/lease/book/decision_path.rs).
+        let accruing = g.short
+            && g.held.iter().any(|a| {
+                let end = a.accrual_end.min(a.deadline);
+                now < end && a.spent + T <= a.entitled(end)
+            });
         if g.central {
             ok = now >= g.next_try && self.decide(gi);
-        } else if !ok && now >= g.next_try {
+        } else if !ok && !accruing && now >= g.next_try {
             self.acquire(gi);
             ok = spent(&mut self.gateways[gi]).is_some();
         }
@@ -242,7 +297,9 @@ impl Driver {
             cost: T,
             request_id: format!("{}-{}", g.name, g.seq),
         });
-        match self.ledger.apply_at(&cmd, now) {
+        let r = self.apply(&cmd);
+        let g = &mut self.gateways[gi];
+        match r {
             Response::Decided(d) if d.allowed => {
                 if now.saturating_sub(g.window.0) >= ttl {
                     g.window = (now, 0);
@@ -260,38 +317,73 @@ impl Driver {
     }
 
     /// The agent's Acquire: its demand over one lease with 25 % headroom, within
-    /// [1 token, max grant]; the max grant while it has measured nothing.
+    /// [1 token, max grant]; the max grant while it has measured nothing. With `rates`, as
+    /// the agent's `want` with `rate_leases: true`: when its last answer was short or one
+    /// report interval's demand is above half the max grant, a rate of its demand plus 25 %
+    /// and one report interval of demand plus 25 % now. An Acquire ends the accrual of the
+    /// gateway's earlier rates (the agent freezes them before it sends it).
     fn acquire(&mut self, gi: usize) {
         let (ttl, max_grant, now, key) = (self.ttl_ms, self.max_grant, self.now, self.key());
+        let rates = self.rates;
         let g = &mut self.gateways[gi];
-        let want = if g.demand_per_s == 0 {
-            max_grant
-        } else {
-            g.demand_per_s * ttl * 5 / 4 / 1000
+        let d = g.demand_per_s;
+        let over = |ms: u64| d * ms / 1000 * 5 / 4;
+        let rated = rates && (g.short || over(REPORT_INTERVAL_MS) > max_grant / 2);
+        let (want, want_rate) = match (d, rated) {
+            (0, _) => (max_grant, 0),
+            (_, false) => (over(ttl), 0),
+            (_, true) => (over(REPORT_INTERVAL_MS), d * 5 / 4),
+        };
+        let want = want.clamp(T, max_grant.max(T));
+        for a in &mut g.held {
+            a.accrual_end = a.accrual_end.min(now);
         }
-        .clamp(T, max_grant.max(T));
         g.seq += 1;
+        let sec = ((now - T0) / 1000) as usize;
+        if g.acquires.len() <= sec {
+            g.acquires.resize(sec + 1, 0);
+        }
+        g.acquires[sec] += 1;
         let cmd = Command::Acquire(Acquire {
             key,
             region: g.region.into(),
             holder: g.name.clone(),
             want,
-            demand_per_s: g.demand_per_s,
-            want_rate_per_s: 0,
+            demand_per_s: d,
+            want_rate_per_s: want_rate,
             request_id: format!("{}-{}", g.name, g.seq),
         });
-        let r = self.ledger.apply_at(&cmd, now);
+        let r = self.apply(&cmd);
+        if now < self.trace_until {
+            self.trace(gi, want, want_rate, &r);
+        }
         let g = &mut self.gateways[gi];
         match r {
-            Response::Granted(x) => g.held.push(Held {
-                id: x.allocation_id,
-                epoch: x.epoch,
-                granted: x.granted,
-                spent: 0,
-                reported: 0,
-                deadline: now + ttl - DRIFT_MARGIN_MS,
-            }),
-            Response::Denied(d) => g.next_try = now + d.retry_after_ms.max(1),
+            Response::Granted(x) => {
+                let deadline = now + ttl - DRIFT_MARGIN_MS;
+                g.held.push(Held {
+                    id: x.allocation_id,
+                    epoch: x.epoch,
+                    granted: x.granted,
+                    spent: 0,
+                    reported: 0,
+                    deadline,
+                    rate_per_s: x.rate_per_s,
+                    promised: x.promised,
+                    accrue_from: now + 1,
+                    accrual_end: deadline,
+                });
+                g.short = x.granted < want - want % T;
+                if rates && g.short {
+                    // The agent's short-grant hold: an eighth of the fill time, at most an
+                    // eighth of a report interval (1 s for these policies).
+                    g.next_try = now + REPORT_INTERVAL_MS / 8;
+                }
+            }
+            Response::Denied(x) => {
+                g.short = true;
+                g.next_try = now + x.retry_after_ms.max(1);
+            }
             other => panic!("acquire refused: {other:?}"),
         }
     }
@@ -306,7 +398,8 @@ impl Driver {
         g.admitted_since_pass = 0;
         let mut cmds = Vec::new();
         g.held.retain_mut(|a| {
-            if now >= a.deadline || a.spent >= a.granted {
+            let done = a.spent >= a.granted && a.entitled(a.accrual_end) <= a.spent;
+            if now >= a.deadline || done {
                 cmds.push(Command::Release {
                     allocation_id: a.id,
                     epoch: a.epoch,
@@ -326,7 +419,13 @@ impl Driver {
             }
             true
         });
-        let left: u64 = g.held.iter().map(|a| a.granted - a.spent).sum();
+        // What accrues until the next pass counts as left (the agent's `remaining_by`).
+        let next = now + REPORT_INTERVAL_MS;
+        let left: u64 = g
+            .held
+            .iter()
+            .map(|a| a.entitled(next.min(a.deadline)) - a.spent)
+            .sum();
         let last = g.held.iter().map(|a| a.deadline).max().unwrap_or(0);
         let need_soon = g.demand_per_s * REPORT_INTERVAL_MS / 1000;
         let watermark = self.max_grant * LOW_WATERMARK_PCT / 100;
@@ -336,7 +435,7 @@ impl Driver {
             && (left < need_soon.max(watermark) || ending)
             && now >= g.next_try;
         for c in cmds {
-            self.ledger.apply_at(&c, now);
+            self.apply(&c);
         }
         if prefetch {
             self.acquire(gi);
@@ -571,5 +670,140 @@ proptest::proptest! {
             let checked = d.ledger.check_invariants();
             proptest::prop_assert!(checked.is_ok(), "{checked:?}");
         }
+    }
+}
+
+impl Driver {
+    /// Acquires sent by `region`'s gateways in whole second `sec`, per gateway (in tenths).
+    fn acquires_in(&self, region: &str, sec: usize) -> (u64, u64) {
+        let gs: Vec<&Gateway> = self
+            .gateways
+            .iter()
+            .filter(|g| g.region == region)
+            .collect();
+        let n: u64 = gs
+            .iter()
+            .map(|g| g.acquires.get(sec).copied().unwrap_or(0))
+            .sum();
+        (n, n * 10 / (gs.len() as u64).max(1))
+    }
+
+    /// One line per whole second of `secs`: admitted and Acquires per gateway by region.
+    fn table(&self, label: &str, secs: std::ops::Range<usize>) {
+        for sec in secs {
+            let line: Vec<String> = ["eu-west", "us-east", "ap-south"]
+                .iter()
+                .map(|r| {
+                    let (_, per) = self.acquires_in(r, sec);
+                    format!(
+                        "{r} {:>4} ({}.{} acq/gw)",
+                        self.admitted_in(r, sec),
+                        per / 10,
+                        per % 10
+                    )
+                })
+                .collect();
+            println!("{label} s{sec:>2}: {}", line.join("  "));
+        }
+    }
+}
+
+/// Story part c on a fresh key (as [`skew_on_a_fresh_key_reaches_eu_west_demand_within_three_seconds`])
+/// with every gateway asking rates as the agent does with `rate_leases: true`, invariants
+/// checked after every command; prints eu-west's admitted per second and the Acquires per
+/// gateway with lumps and with rates (`--nocapture`).
+fn skew_run(rates: bool) -> Driver {
+    let mut d = skewed(false);
+    d.rates = rates;
+    d.checked = true;
+    d.run(10_000);
+    d.table(if rates { "rates" } else { "lumps" }, 0..10);
+    d
+}
+
+#[test]
+fn skew_with_rates_reaches_eu_west_demand_within_three_seconds_at_one_acquire_a_second() {
+    let d = skew_run(true);
+    d.holds("eu-west", 640, 3..10);
+    assert!(d.admitted() <= 1000 + 10 * 1000, "{}", d.admitted());
+    // At steady state each gateway renews once per report interval: one Raft entry of lease
+    // traffic a second (issue 9), where lumps under scarcity cost more.
+    for sec in 3..10 {
+        for r in ["eu-west", "us-east"] {
+            let (n, _) = d.acquires_in(r, sec);
+            assert!(
+                n <= 3 + 1,
+                "{r} sent {n} Acquires over 3 gateways in second {sec}"
+            );
+        }
+    }
+    let lumps = skew_run(false);
+    let per_gw = |d: &Driver| -> u64 { (3..10).map(|s| d.acquires_in("eu-west", s).0).sum() };
+    assert!(
+        per_gw(&d) < per_gw(&lumps),
+        "{} vs {}",
+        per_gw(&d),
+        per_gw(&lumps)
+    );
+}
+
+/// The gap left (issue 9, skew with rates): with lumps eu-west is at ≥ 640/s from its first
+/// second; with rates it dips in seconds 1 and 2 (625 and 601 in this driver), which the
+/// demand harness's rolling 1 s windows see as reaching 640/s only after ~4 s. Not fixed yet.
+#[test]
+#[ignore = "rates still ramp slower than lumps (issue 9); see the report on branch rates"]
+fn skew_with_rates_is_at_eu_west_demand_from_the_first_second_as_lumps_are() {
+    let lumps = skew_run(false);
+    lumps.holds("eu-west", 640, 0..10);
+    let d = skew_run(true);
+    d.holds("eu-west", 640, 1..10);
+}
+
+impl Driver {
+    /// Prints an Acquire of gateway `gi` and the key's state after it.
+    fn trace(&self, gi: usize, want: u64, want_rate: u64, r: &Response) {
+        let g = &self.gateways[gi];
+        let ans = match r {
+            Response::Granted(x) => format!("grant {} + {}/s", x.granted / T, x.rate_per_s / T),
+            Response::Denied(x) => format!("deny {} ms ({})", x.retry_after_ms, x.reason),
+            other => format!("{other:?}"),
+        };
+        let ks = self.ledger.keys.values().next().expect("one key");
+        let regions: Vec<String> = ks
+            .regions
+            .iter()
+            .map(|(n, r)| {
+                let level = r.bucket.as_ref().map_or(0, |b| {
+                    let mut st = b.state.clone();
+                    b.params
+                        .check(&mut st, millis_to_nanos(self.now), 0)
+                        .remaining_micros
+                        / T
+                });
+                format!(
+                    "{}:p{} R{} b{}",
+                    &n.as_str()[..2],
+                    ks.parts.effective(n.as_str()) / 1000,
+                    r.rate_ppm_live / 1000,
+                    level
+                )
+            })
+            .collect();
+        let mut st = ks.global.state.clone();
+        let gl = ks
+            .global
+            .params
+            .check(&mut st, millis_to_nanos(self.now), 0)
+            .remaining_micros
+            / T;
+        println!(
+            "+{:>5} {} want {} + {}/s d {}: {ans} | G{gl} {}",
+            self.now - T0,
+            g.name,
+            want / T,
+            want_rate / T,
+            g.demand_per_s / T,
+            regions.join(" ")
+        );
     }
 }
