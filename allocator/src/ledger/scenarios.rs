@@ -90,7 +90,9 @@ struct Gateway {
     held: Vec<Held>,
     next_try: u64,
     seq: u64,
-    admitted_since_pass: u64,
+    /// Requests offered since the last pass, admitted or denied: the agent measures demand
+    /// as its offered load (`KeyLease::offered`), not its admissions.
+    offered_since_pass: u64,
     demand_per_s: u64,
     /// Admitted per whole second since the start.
     admitted: Vec<u64>,
@@ -191,7 +193,7 @@ impl Driver {
                 held: Vec::new(),
                 next_try: 0,
                 seq: 0,
-                admitted_since_pass: 0,
+                offered_since_pass: 0,
                 demand_per_s: 0,
                 admitted: Vec::new(),
                 central,
@@ -273,9 +275,9 @@ impl Driver {
             self.acquire(gi);
             ok = spent(&mut self.gateways[gi]).is_some();
         }
+        let g = &mut self.gateways[gi];
+        g.offered_since_pass += 1;
         if ok {
-            let g = &mut self.gateways[gi];
-            g.admitted_since_pass += 1;
             let sec = ((now - T0) / 1000) as usize;
             if g.admitted.len() <= sec {
                 g.admitted.resize(sec + 1, 0);
@@ -394,8 +396,8 @@ impl Driver {
         let now = self.now;
         let g = &mut self.gateways[gi];
         let holder = g.name.clone();
-        g.demand_per_s = g.admitted_since_pass * T * 1000 / REPORT_INTERVAL_MS;
-        g.admitted_since_pass = 0;
+        g.demand_per_s = g.offered_since_pass * T * 1000 / REPORT_INTERVAL_MS;
+        g.offered_since_pass = 0;
         let mut cmds = Vec::new();
         g.held.retain_mut(|a| {
             let done = a.spent >= a.granted && a.entitled(a.accrual_end) <= a.spent;
