@@ -49,7 +49,7 @@ pub(super) struct Ask {
 impl Ask {
     /// The holder's demand rate, microtokens per second: its measured demand, else its want
     /// spread over the lease (`ttl_ms` > 0).
-    fn rate_per_s(&self, ttl_ms: u64) -> u64 {
+    pub(super) fn rate_per_s(&self, ttl_ms: u64) -> u64 {
         if self.demand_per_s > 0 {
             return self.demand_per_s;
         }

@@ -129,7 +129,10 @@ impl Ledger {
     /// The rate to grant, ppm of the policy's rate: what is asked, at most the key's and the
     /// region's free rate (Σ live rates stay ≤ [`MAX_RATE_PPM`] and ≤ the part − 1), at most
     /// the holder's max-min fair part of the region's rate among the holders that asked within
-    /// the last lease (their measured demand), and small enough that its promise fits `room`.
+    /// the last lease (their measured demand, else their want spread over one lease: a holder
+    /// whose first ask measured nothing still has a claim, so the first holders to ask rates do
+    /// not take the region's whole rate until they renew), and small enough that its promise
+    /// fits `room`.
     pub(super) fn rate_part(
         &self,
         kid: &KeyId,
@@ -157,7 +160,7 @@ impl Ledger {
             .into_iter()
             .flat_map(|m| m.iter())
             .filter(|(h, x)| *h != ask.demand.holder && x.at_ms.saturating_add(ttl) > now)
-            .map(|(_, x)| u64::from(params.refill_rate().ppm_of_per_s(x.demand_per_s)))
+            .map(|(_, x)| u64::from(params.refill_rate().ppm_of_per_s(x.rate_per_s(ttl))))
             .collect();
         wants.push(want);
         let me = wants.len() - 1;

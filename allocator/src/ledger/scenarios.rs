@@ -749,11 +749,11 @@ fn skew_with_rates_reaches_eu_west_demand_within_three_seconds_at_one_acquire_a_
     );
 }
 
-/// The gap left (issue 9, skew with rates): with lumps eu-west is at ≥ 640/s from its first
-/// second; with rates it dips in seconds 1 and 2 (625 and 601 in this driver), which the
-/// demand harness's rolling 1 s windows see as reaching 640/s only after ~4 s. Not fixed yet.
+/// Rates ramp as fast as lumps (issue 9, skew with rates): eu-west is at ≥ 640/s from its
+/// second second on. Before a holder's want counted in the division of a region's rate, the
+/// first two eu-west gateways took its whole rate before the third had a measured demand, and
+/// eu-west admitted 627 and 601 in seconds 1 and 2 (design §9).
 #[test]
-#[ignore = "rates still ramp slower than lumps (issue 9): docs/design.md §9, \"Where rates lose to lumps\""]
 fn skew_with_rates_is_at_eu_west_demand_from_the_first_second_as_lumps_are() {
     let lumps = skew_run(false);
     lumps.holds("eu-west", 640, 0..10);

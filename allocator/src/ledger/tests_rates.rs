@@ -133,7 +133,10 @@ fn live_rates_never_reach_the_policy_rate() {
         Response::Denied(d) => assert_eq!(d.retry_after_ms, 5_000 / 4),
         other => panic!("{other:?}"),
     }
-    // A rate only (no base) is a grant: gw1 renews while the bucket is empty.
+    // A rate only (no base) is a grant: gw1 renews while the bucket is empty. Its rate is now
+    // its max-min fair part: gw2, gw3 and gw4 asked within the lease (20 tokens each, 4/s over
+    // the 5 s lease, more than a quarter), so they have claims too, whether or not they asked
+    // rates (the bucket's refill serves their lumps): a quarter of the 999,999 ppm.
     let renewed = granted(&acquire_rate(
         &mut l,
         T0 + 10,
@@ -142,7 +145,8 @@ fn live_rates_never_reach_the_policy_rate() {
         (T, 10 * T),
         "r4",
     ));
-    assert_eq!(renewed.rate_per_s, g1.rate_per_s);
+    assert_eq!(renewed.rate_per_s, 10 * T * 249_999 / 1_000_000);
+    assert!(renewed.rate_per_s < g1.rate_per_s);
     assert_eq!(renewed.granted, 0, "the bucket holds 10 µtok");
     l.check_invariants().unwrap();
 }
