@@ -236,7 +236,7 @@ impl Ledger {
         }
     }
 
-    /// Notes that `holder`'s central decision for `kid` in `region` was admitted at `now`: its
+    /// Notes that `d.holder`'s central decision for `kid` in `region` was admitted: its
     /// cost is debited already, so its ask keeps no want outstanding (a busy region's keep and
     /// the max-min inside the region hold nothing back for it), and its demand stays the cost
     /// spread over one lease of `ttl_ms` (the region's claim does not change). Without this a
