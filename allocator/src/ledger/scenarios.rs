@@ -124,8 +124,6 @@ struct Driver {
     rates: bool,
     /// Check the ledger's invariants after every command.
     checked: bool,
-    /// Print every Acquire until this time (Unix ms; 0: none).
-    trace_until: u64,
 }
 
 impl Driver {
@@ -159,7 +157,6 @@ impl Driver {
             now: T0,
             rates: false,
             checked: false,
-            trace_until: 0,
         }
     }
 
@@ -356,9 +353,6 @@ impl Driver {
             request_id: format!("{}-{}", g.name, g.seq),
         });
         let r = self.apply(&cmd);
-        if now < self.trace_until {
-            self.trace(gi, want, want_rate, &r);
-        }
         let g = &mut self.gateways[gi];
         match r {
             Response::Granted(x) => {
@@ -759,53 +753,4 @@ fn skew_with_rates_is_at_eu_west_demand_from_the_first_second_as_lumps_are() {
     lumps.holds("eu-west", 640, 0..10);
     let d = skew_run(true);
     d.holds("eu-west", 640, 1..10);
-}
-
-impl Driver {
-    /// Prints an Acquire of gateway `gi` and the key's state after it.
-    fn trace(&self, gi: usize, want: u64, want_rate: u64, r: &Response) {
-        let g = &self.gateways[gi];
-        let ans = match r {
-            Response::Granted(x) => format!("grant {} + {}/s", x.granted / T, x.rate_per_s / T),
-            Response::Denied(x) => format!("deny {} ms ({})", x.retry_after_ms, x.reason),
-            other => format!("{other:?}"),
-        };
-        let ks = self.ledger.keys.values().next().expect("one key");
-        let regions: Vec<String> = ks
-            .regions
-            .iter()
-            .map(|(n, r)| {
-                let level = r.bucket.as_ref().map_or(0, |b| {
-                    let mut st = b.state.clone();
-                    b.params
-                        .check(&mut st, millis_to_nanos(self.now), 0)
-                        .remaining_micros
-                        / T
-                });
-                format!(
-                    "{}:p{} R{} b{}",
-                    &n.as_str()[..2],
-                    ks.parts.effective(n.as_str()) / 1000,
-                    r.rate_ppm_live / 1000,
-                    level
-                )
-            })
-            .collect();
-        let mut st = ks.global.state.clone();
-        let gl = ks
-            .global
-            .params
-            .check(&mut st, millis_to_nanos(self.now), 0)
-            .remaining_micros
-            / T;
-        println!(
-            "+{:>5} {} want {} + {}/s d {}: {ans} | G{gl} {}",
-            self.now - T0,
-            g.name,
-            want / T,
-            want_rate / T,
-            g.demand_per_s / T,
-            regions.join(" ")
-        );
-    }
 }

@@ -17,7 +17,12 @@ fn decide_cmd(region: &str, holder: &str, cost: u64, id: &str) -> Command {
 }
 
 fn decide(l: &mut Ledger, t: u64, region: &str, cost: u64, id: &str) -> Decided {
-    match l.apply_at(&decide_cmd(region, "gw1", cost, id), t) {
+    decide_as(l, t, region, "gw1", cost, id)
+}
+
+/// A central decision of `cost` for `holder` in `region` at `t` (request id `id`).
+fn decide_as(l: &mut Ledger, t: u64, region: &str, holder: &str, cost: u64, id: &str) -> Decided {
+    match l.apply_at(&decide_cmd(region, holder, cost, id), t) {
         Response::Decided(d) => d,
         other => panic!("expected a decision, got {other:?}"),
     }
@@ -358,10 +363,7 @@ fn acme_two_regions(max_grant: u64) -> String {
 
 /// One token decided centrally for `holder` in `region` at `t` (request id `id`).
 fn decide_one(l: &mut Ledger, region: &str, holder: &str, t: u64, id: &str) -> Decided {
-    match l.apply_at(&decide_cmd(region, holder, T, id), t) {
-        Response::Decided(d) => d,
-        other => panic!("expected a decision, got {other:?}"),
-    }
+    decide_as(l, t, region, holder, T, id)
 }
 
 /// Story part a, skewed (issue 9), at `T0`: 9 decisions in us-east over three gateways and 20
