@@ -356,6 +356,21 @@ const LEASE_COUNTERS: &[(&str, &str, LeaseCounter)] = &[
         "Decisions denied because the allocator was unreachable (failure mode deny)",
         |c| &c.failure_denials,
     ),
+    (
+        "allot_agent_lease_denials_held",
+        "Decisions denied from the allocator's remembered denial, without a call",
+        |c| &c.denials_held,
+    ),
+    (
+        "allot_agent_lease_accrual_denials",
+        "Decisions denied because the key's allocated rate had not accrued their cost yet",
+        |c| &c.accrual_denials,
+    ),
+    (
+        "allot_agent_leased_admits",
+        "Decisions admitted from allocations held by this agent",
+        |c| &c.leased_admits,
+    ),
 ];
 
 /// Allocator work items sent, by `kind`.

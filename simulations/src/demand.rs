@@ -9,6 +9,7 @@ use crate::local::{allocator_client, Deployment};
 use crate::memory::rss_bytes;
 use crate::table::column_width;
 use crate::zipf::{SplitMix64, Zipf};
+use shortfall::Shortfall;
 use allot_common::config::{ConfigSet, Scope};
 use allot_common::Limiter;
 use allot_proto::allot::v1 as pb;
@@ -20,6 +21,7 @@ use std::time::{Duration, Instant};
 
 mod denials;
 mod parts;
+mod shortfall;
 mod skew;
 
 pub use parts::PARTS;
@@ -240,8 +242,10 @@ impl<'a> Run<'a> {
         touched.dedup();
         let (mut allot, mut ideal_n, mut errors, mut worst_us) = (0u64, 0u64, 0u64, 0u64);
         let mut false_rejections = 0u64;
+        let mut shortfall = Shortfall::default();
         for (r, ok) in records.iter().zip(&ideal) {
             false_rejections += u64::from(*ok && r.answer != RequestAnswer::Admitted);
+            shortfall.add(r, *ok);
             let t = &mut self.totals[r.key];
             if r.answer == RequestAnswer::Admitted {
                 allot += 1;
@@ -289,6 +293,11 @@ impl<'a> Run<'a> {
         figures.insert("wait_timeouts".into(), d.wait_timeouts.into());
         figures.insert("failure_mode_denials".into(), d.failure_mode.into());
         figures.insert("rpc_errors".into(), d.rpc_errors.into());
+        let (limited, unlimited) = shortfall.by_kind();
+        figures.insert("shortfall_limited_keys".into(), limited.into());
+        figures.insert("shortfall_unlimited_keys".into(), unlimited.into());
+        figures.insert("denials_held".into(), d.held.into());
+        figures.insert("accrual_denials".into(), d.accrual.into());
         for (name, v) in d.work.figures() {
             figures.insert(name.into(), v.into());
         }
@@ -299,8 +308,8 @@ impl<'a> Run<'a> {
             let sep = if measured.is_empty() { "" } else { "; " };
             measured = format!(
                 "{measured}{sep}{false_rejections} false rejections: {} wait timeouts, {} \
-                 failure mode ({} RPC errors)",
-                d.wait_timeouts, d.failure_mode, d.rpc_errors
+                 failure mode ({} RPC errors), {} held denials, {} accrual denials",
+                d.wait_timeouts, d.failure_mode, d.rpc_errors, d.held, d.accrual
             );
         }
         self.rows.push(Row {

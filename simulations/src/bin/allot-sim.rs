@@ -5,7 +5,7 @@
 use allot_simulations::sim::faults::FaultKind;
 use allot_simulations::sim::summary::{one, Summary};
 use allot_simulations::sim::workload::Workload;
-use allot_simulations::sim::{run, SimConfig};
+use allot_simulations::sim::{run, LeaseTuning, SimConfig};
 use allot_simulations::strategy::{compare, doc, sweep, Strategy};
 use anyhow::{bail, Result};
 use clap::{Parser, Subcommand};
@@ -47,6 +47,13 @@ struct Args {
     /// Print every run's report in a sweep.
     #[arg(long)]
     verbose: bool,
+    /// With --seed: write every request's answer and the ideal counter's to this CSV file
+    /// (`sent_ms,agent,key,cost,answer,ideal_admits`), to read false rejections per key.
+    #[arg(long)]
+    records: Option<std::path::PathBuf>,
+    /// Agents ask rate-carrying allocations (`lease.rate_leases: true`, design §9).
+    #[arg(long)]
+    rate_leases: bool,
 }
 
 #[derive(Subcommand, Debug)]
@@ -183,6 +190,10 @@ fn main() -> Result<()> {
         faults: !args.no_faults,
         workload,
         only,
+        tuning: LeaseTuning {
+            rate_leases: args.rate_leases.then_some(true),
+            ..LeaseTuning::default()
+        },
         ..SimConfig::default()
     };
     let replay = |seed: u64| {
@@ -193,6 +204,9 @@ fn main() -> Result<()> {
         );
         if args.no_faults {
             c.push_str(" --no-faults");
+        }
+        if args.rate_leases {
+            c.push_str(" --rate-leases");
         }
         if let Some(w) = &args.workload {
             c.push_str(&format!(" --workload {w}"));
@@ -205,6 +219,9 @@ fn main() -> Result<()> {
     if let Some(seed) = args.seed {
         let r = run(seed, &config)?;
         print!("{}", one(&r, &replay(seed)));
+        if let Some(path) = &args.records {
+            write_records(path, &r)?;
+        }
         if r.failed() {
             std::process::exit(1);
         }
@@ -222,5 +239,19 @@ fn main() -> Result<()> {
     if !summary.failed.is_empty() {
         std::process::exit(1);
     }
+    Ok(())
+}
+
+/// Writes `r`'s requests, Allot's answer and the ideal central counter's, as CSV.
+fn write_records(path: &std::path::Path, r: &allot_simulations::sim::RunReport) -> Result<()> {
+    use std::io::Write;
+    let mut w = std::io::BufWriter::new(std::fs::File::create(path)?);
+    writeln!(w, "sent_ms,agent,key,cost,answer,ideal_admits")?;
+    for (x, ok) in r.records.iter().zip(&r.ideal) {
+        let answer = format!("{:?}", x.answer).to_lowercase();
+        let ms = x.sent_ns / 1_000_000;
+        writeln!(w, "{ms},{},{},{},{answer},{ok}", x.agent, x.key, x.cost)?;
+    }
+    w.flush()?;
     Ok(())
 }

@@ -17,6 +17,12 @@ pub(crate) struct Denials {
     pub failure_mode: u64,
     /// Allocator calls that failed (`allot_agent_allocator_rpc_errors`).
     pub rpc_errors: u64,
+    /// Requests denied from the allocator's remembered denial without a call
+    /// (`allot_agent_lease_denials_held`).
+    pub held: u64,
+    /// Requests denied because a rate-carrying allocation had not accrued their cost yet
+    /// (`allot_agent_lease_accrual_denials`).
+    pub accrual: u64,
     /// What the agents asked of the allocator meanwhile.
     pub work: Work,
 }
@@ -122,6 +128,8 @@ impl Denials {
             wait_timeouts: self.wait_timeouts.saturating_sub(before.wait_timeouts),
             failure_mode: self.failure_mode.saturating_sub(before.failure_mode),
             rpc_errors: self.rpc_errors.saturating_sub(before.rpc_errors),
+            held: self.held.saturating_sub(before.held),
+            accrual: self.accrual.saturating_sub(before.accrual),
             work: self.work.since(before.work),
         }
     }
@@ -132,6 +140,8 @@ impl Denials {
             wait_timeouts: self.wait_timeouts.saturating_add(o.wait_timeouts),
             failure_mode: self.failure_mode.saturating_add(o.failure_mode),
             rpc_errors: self.rpc_errors.saturating_add(o.rpc_errors),
+            held: self.held.saturating_add(o.held),
+            accrual: self.accrual.saturating_add(o.accrual),
             work: self.work.plus(o.work),
         }
     }
@@ -158,6 +168,8 @@ pub(crate) async fn scrape(d: &Deployment) -> Result<Denials> {
         sum.wait_timeouts += counter(&text, "allot_agent_lease_wait_timeouts_total");
         sum.failure_mode += counter(&text, "allot_agent_failure_denials_total");
         sum.rpc_errors += counter(&text, "allot_agent_allocator_rpc_errors_total");
+        sum.held += counter(&text, "allot_agent_lease_denials_held_total");
+        sum.accrual += counter(&text, "allot_agent_lease_accrual_denials_total");
         sum.work.add(&text);
     }
     Ok(sum)
@@ -233,12 +245,16 @@ mod tests {
             wait_timeouts: 5,
             failure_mode: 1,
             rpc_errors: 9,
+            held: 7,
+            accrual: 2,
             work: Work::default(),
         };
         let b = Denials {
             wait_timeouts: 2,
             failure_mode: 4,
             rpc_errors: 9,
+            held: 3,
+            accrual: 6,
             work: Work::default(),
         };
         assert_eq!(
@@ -247,6 +263,8 @@ mod tests {
                 wait_timeouts: 3,
                 failure_mode: 0,
                 rpc_errors: 0,
+                held: 4,
+                accrual: 0,
                 work: Work::default(),
             }
         );

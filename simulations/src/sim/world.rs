@@ -270,6 +270,8 @@ pub struct LeaseTuning {
     pub promote_tokens: Option<u64>,
     /// `demote_tokens`: tokens within a lease period below which a leased key is demoted.
     pub demote_tokens: Option<u64>,
+    /// `rate_leases`: ask rate-carrying allocations (design §9).
+    pub rate_leases: Option<bool>,
 }
 
 impl LeaseTuning {
@@ -283,6 +285,9 @@ impl LeaseTuning {
         }
         if let Some(d) = self.demote_tokens {
             settings.demote_tokens = d;
+        }
+        if let Some(r) = self.rate_leases {
+            settings.rate_leases = r;
         }
     }
 }
