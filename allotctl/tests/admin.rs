@@ -259,6 +259,7 @@ async fn admin_commands_drive_a_cluster() {
     let mut json = status.to_vec();
     json.push("--json");
     let out = allotctl(dir.path(), &json).await;
+    assert!(out.status.success(), "status --json: {}", text(&out.stderr));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
     assert_eq!(v["regions"][0]["granted_micros"], 4_000_000);
     assert_eq!(v["regions"][0]["overshoot_bound_micros"], 2_500_000);
