@@ -189,9 +189,20 @@ fn resolve(cli: Cli, file: FileConfig, advertise: String) -> Result<DaemonConfig
     Ok(config)
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
-    match run().await {
+fn main() -> ExitCode {
+    // Before the runtime starts any thread: the limit applies to arenas made afterwards.
+    allot_allocator::heap::limit_arenas();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("allot-allocator: error: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             // One line with the whole cause chain; no backtrace for an operator's mistake.

@@ -1,6 +1,7 @@
 //! One complete allocator node as the `allot-allocator` binary runs it: the Raft [`Node`] over
 //! the [`Ledger`], the `allot.v1.Allocator` API on the same gRPC server as Raft, the leader's
-//! [`ticker`], the [`skew_watch`] clock check and the [`policy_files`] installer. Tests and benchmarks start the same thing.
+//! [`ticker`], the [`skew_watch`] clock check, the [`policy_files`] installer and the release of freed heap
+//! memory ([`heap::spawn_release`]). Tests and benchmarks start the same thing.
 
 pub mod config_file;
 pub mod policy_files;
@@ -17,10 +18,11 @@ use tokio::task::JoinHandle;
 use tokio_stream::Stream;
 use tonic::transport::server::Connected;
 
+use crate::heap;
 use crate::ledger::Ledger;
 use crate::raft::{
-    ChannelFactory, GroupCommit, GroupCommitConfig, LazyTcpChannels, Node, NodeClock, NodeConfig,
-    NodeError, NodeId, NodeStorage,
+    ChannelFactory, Flush, GroupCommit, GroupCommitConfig, LazyTcpChannels, Node, NodeClock,
+    NodeConfig, NodeError, NodeId, NodeStorage,
 };
 use crate::service::AllocatorService;
 pub use policy_files::{load_policy_files, PolicyFile, PolicyFilesError};
@@ -139,6 +141,7 @@ impl Daemon {
             channels,
             storage,
         } = io;
+        let blocking = storage.as_ref().map_or(Flush::Background, |s| s.flush);
         let node = match storage {
             Some(storage) => {
                 Node::open_with_storage(config.node, clock, channels.clone(), storage).await?
@@ -182,6 +185,7 @@ impl Daemon {
             ticker::spawn_ticker(node.clone(), config.tick_every),
             skew_watch::spawn_skew_watch(node.clone(), config.tick_every),
             policy_files::spawn_installer(node.clone(), config.policies),
+            heap::spawn_release(heap::RELEASE_EVERY, blocking),
         ];
         Ok(Self {
             node,

@@ -39,6 +39,7 @@ mod policy;
 mod rates;
 mod settle;
 mod small_map;
+mod sorted_deque;
 mod sources;
 mod tables;
 mod types;
@@ -67,6 +68,7 @@ use allot_common::units::{millis_to_nanos, Micros};
 use names::Names;
 use serde::{Deserialize, Serialize};
 use small_map::SmallMap;
+use sorted_deque::SortedDeque;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 /// How long an Acquire or Decide answer is kept for retries with the same request id, in ms.
@@ -275,10 +277,11 @@ pub struct Ledger {
     next_id: u64,
     /// Recent asks per (key, region): holder → ask, for fair division.
     demands: BTreeMap<(KeyId, Name), SmallMap<Name, division::Ask>>,
-    /// (holder, request id) → (time, answer).
-    requests: BTreeMap<(Name, Name), (u64, Response)>,
+    /// (holder, request id) → (time, answer). Boxed: the request ids of one holder often
+    /// grow with time, so the B-tree's nodes stay about half full.
+    requests: BTreeMap<(Name, Name), Box<(u64, Response)>>,
     /// (time, holder, request id) of `requests`, oldest first; the same two names, shared.
-    request_times: BTreeSet<(u64, Name, Name)>,
+    request_times: SortedDeque<(u64, Name, Name)>,
     /// Admin write answers by client request id (`admin`).
     admin: admin::AdminRequests,
     violations: Violations,
@@ -654,7 +657,7 @@ impl Ledger {
         kind: &str,
         is_kind: fn(&Response) -> bool,
     ) -> Option<Response> {
-        let (_, r) = self
+        let (_, r) = &**self
             .requests
             .get(&(Name::from(holder), Name::from(request_id)))?;
         if is_kind(r) {
@@ -670,7 +673,7 @@ impl Ledger {
     fn remember(&mut self, holder: &str, request_id: &str, now: u64, r: &Response) {
         let (h, id) = (self.names.intern(holder), Name::from(request_id));
         self.requests
-            .insert((h.clone(), id.clone()), (now, r.clone()));
+            .insert((h.clone(), id.clone()), Box::new((now, r.clone())));
         self.request_times.insert((now, h, id));
     }
 }
@@ -686,6 +689,8 @@ mod tests_admin;
 mod tests_decide;
 #[cfg(test)]
 mod tests_encoding;
+#[cfg(test)]
+mod tests_memory;
 #[cfg(test)]
 mod tests_rates;
 #[cfg(test)]

@@ -30,4 +30,23 @@ impl Flush {
             Flush::Inline => tree.flush(),
         }
     }
+
+    /// Runs `f` (blocking file I/O, or a long computation) where this mode runs such work: on
+    /// tokio's blocking pool ([`Flush::Background`]: the runtime threads stay free, and what `f`
+    /// allocates for a while comes from another thread's heap than the runtime's), or at once on
+    /// the calling thread ([`Flush::Inline`]: at the same simulated instant on every run).
+    ///
+    /// # Errors
+    /// An I/O error of kind `Other` when the blocking task panicked or was cancelled.
+    pub async fn off_runtime<T: Send + 'static>(
+        self,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> std::io::Result<T> {
+        match self {
+            Flush::Background => tokio::task::spawn_blocking(f)
+                .await
+                .map_err(std::io::Error::other),
+            Flush::Inline => Ok(f()),
+        }
+    }
 }

@@ -5,7 +5,8 @@
 //! - [`types`]: the openraft type configuration ([`AllotRaft`]), the leader-stamped log payload
 //!   ([`Stamped`]) and aliases in [`types::typ`].
 //! - [`log_store`]: the Raft log and vote in sled ([`SledLogStore`]).
-//! - [`state_machine`]: the state machine and its snapshots in sled ([`SledStateMachine`]).
+//! - [`state_machine`]: the state machine ([`SledStateMachine`]), its latest snapshot in a file
+//!   ([`snapshot_file`]).
 //! - [`network_out`] / [`network_in`]: the gRPC transport, client and server halves.
 //! - [`node`]: one allocator node tying the above together ([`Node`]).
 //! - [`group_commit`]: the leader's group commit, many commands per entry ([`GroupCommit`]).
@@ -30,6 +31,7 @@ pub mod network_out;
 pub mod node;
 pub mod node_clock;
 pub mod skew;
+pub mod snapshot_file;
 pub mod state_machine;
 #[cfg(any(test, feature = "testing"))]
 pub mod test_app;

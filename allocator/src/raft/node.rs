@@ -68,7 +68,8 @@ pub struct NodeConfig {
     pub id: NodeId,
     /// Address ("host:port") peers use to reach this node's Raft service.
     pub advertise_addr: String,
-    /// Directory of this node's sled database (created if missing).
+    /// Directory of this node's sled database (created if missing) and of its state machine's
+    /// snapshot file.
     pub data_dir: PathBuf,
     /// Name shared by all nodes of one cluster (appears in logs).
     pub cluster_name: String,
@@ -246,8 +247,8 @@ impl<A: App> Node<A> {
         Self::open_with_storage(config, clock, channels, storage).await
     }
 
-    /// [`Node::open`] on a database already opened (`config.data_dir` is then only named in
-    /// errors), its stores flushing the `storage.flush` way.
+    /// [`Node::open`] on a database already opened (in `config.data_dir`, which also holds the
+    /// state machine's snapshot file), its stores flushing the `storage.flush` way.
     ///
     /// # Errors
     /// As [`Node::open`].
@@ -278,7 +279,8 @@ impl<A: App> Node<A> {
         let log_store = SledLogStore::<AllotRaft<A>>::open(&db)
             .map_err(open_err)?
             .with_flush(flush);
-        let state_machine = SledStateMachine::<A>::open_with_clock(&db, clock)?.with_flush(flush);
+        let state_machine =
+            SledStateMachine::<A>::open_with_clock(&db, &config.data_dir, clock)?.with_flush(flush);
         let state = state_machine.handle();
         let time = state_machine.ledger_time();
         let network = GrpcNetworkFactory::<A>::new(config.id, channels);

@@ -22,7 +22,7 @@ impl StoreBuilder<C, SledLogStore<C>, SledStateMachine<CounterApp>, TempDir> for
             .open()
             .map_err(|e| StorageIOError::write(&e))?;
         let log = SledLogStore::open(&db).map_err(|e| StorageIOError::write(&e))?;
-        let sm = SledStateMachine::open(&db).map_err(|e| StorageIOError::write(&e))?;
+        let sm = SledStateMachine::open(&db, dir.path()).map_err(|e| StorageIOError::write(&e))?;
         Ok((dir, log, sm))
     }
 }
