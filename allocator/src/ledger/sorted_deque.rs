@@ -153,6 +153,27 @@ mod tests {
         assert!(d.len() == 0 && d.pop_first().is_none() && d.first().is_none());
     }
 
+    /// A window of recent entries, the oldest removed first as the ledger forgets answers:
+    /// the ring's start moves around its buffer, and entries out of order or repeated land
+    /// in the middle of a wrapped ring.
+    #[test]
+    fn it_stays_a_btreeset_as_the_ring_wraps_around() {
+        let (mut d, mut b) = (SortedDeque::default(), BTreeSet::new());
+        for t in 0..300u64 {
+            let at = if t % 7 == 3 { t - 2 } else { t };
+            let x: Entry = (at, format!("r{}", t % 5));
+            assert_eq!(d.insert(x.clone()), b.insert(x.clone()));
+            if t % 11 == 0 {
+                assert!(!d.insert(x));
+            }
+            if d.len() > 6 {
+                assert_eq!(d.pop_first(), b.pop_first());
+            }
+            assert!(d.iter().eq(b.iter()));
+            assert_eq!(d.first(), b.first());
+        }
+    }
+
     #[test]
     fn it_encodes_as_the_btreeset_it_replaces_and_decodes_back() {
         let (d, b) = both(&[(3, "r2"), (1, "r1"), (3, "r1"), (9, "r9")]);
