@@ -1,0 +1,131 @@
+//! Raw clock ticks → nanoseconds as one multiply by a fixed-point ratio with a constant shift
+//! (the TSC's ticks are not nanoseconds; an OS clock's already are).
+
+use crate::units::Nanos;
+
+/// Fraction bits of [`TickScale`]'s ratio: `ns = ticks × mult / 2^SHIFT`.
+///
+/// A constant, so a conversion is one 64×64-bit multiply and a shift by an immediate: no
+/// shift by a loaded count and no branch on the clock source on the decision path.
+const SHIFT: u32 = 32;
+
+/// Ticks measured to derive a ratio from a clock's own conversion ([`TickScale::from_probe`]):
+/// 2^48 ticks is at least 2^SHIFT, so the ratio keeps every bit the clock's conversion has
+/// (quanta's fraction has at most ~30 bits: it calibrates over at most 200 ms), and at up to
+/// 65,536 ns per tick the nanoseconds fit in 64 bits.
+pub(crate) const PROBE_TICKS_LOG2: u32 = 48;
+
+/// Nanoseconds per raw tick as the fixed-point ratio `mult / 2^32`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct TickScale {
+    /// Nanoseconds per tick × 2^32.
+    mult: u64,
+}
+
+impl TickScale {
+    /// One nanosecond per tick (a clock that already counts nanoseconds).
+    #[cfg(test)]
+    pub(crate) const IDENTITY: TickScale = TickScale { mult: 1 << SHIFT };
+
+    /// The ratio of a clock that converts 2^[`PROBE_TICKS_LOG2`] ticks to `probe_ns`
+    /// nanoseconds. For a clock that converts as `ticks × f / 2^s` (rounded down) with
+    /// `s ≤ 32`, [`nanos`](Self::nanos) then gives exactly its answers.
+    pub(crate) fn from_probe(probe_ns: Nanos) -> TickScale {
+        TickScale {
+            mult: probe_ns >> (PROBE_TICKS_LOG2 - SHIFT),
+        }
+    }
+
+    /// `ticks` in nanoseconds, rounded down; saturates at `u64::MAX` (never wraps to a
+    /// smaller time, however many ticks).
+    #[inline]
+    pub(crate) fn nanos(self, ticks: u64) -> Nanos {
+        let ns = (u128::from(ticks) * u128::from(self.mult)) >> SHIFT;
+        u64::try_from(ns).unwrap_or(u64::MAX)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// quanta's conversion: `(ticks × f) >> s`, truncated to 64 bits as it does.
+    fn quanta_like(ticks: u64, f: u64, s: u32) -> u64 {
+        ((u128::from(ticks) * u128::from(f)) >> s) as u64
+    }
+
+    /// (f, s) of counters from 24 MHz (aarch64's) to 2.5 GHz, calibrated over up to 2^32 ticks.
+    const RATIOS: [(u64, u32); 5] = [
+        (1 << 29, 29),       // 1 GHz: one ns per tick
+        (13_700_000, 25),    // ~2.45 GHz TSC
+        (107_374_182, 28),   // ~2.5 GHz, fraction of 28 bits
+        (3_435_973_836, 32), // 1.25 GHz with a 32-bit fraction
+        (43_690_667, 20),    // 24 MHz: ~41.7 ns per tick
+    ];
+
+    #[test]
+    fn identity_is_exact_to_the_last_tick() {
+        for t in [0, 1, 999, 1 << 32, u64::MAX - 1, u64::MAX] {
+            assert_eq!(TickScale::IDENTITY.nanos(t), t);
+        }
+        let probe = 1u64 << PROBE_TICKS_LOG2;
+        assert_eq!(TickScale::from_probe(probe), TickScale::IDENTITY);
+    }
+
+    #[test]
+    fn a_probed_ratio_answers_as_the_clock_it_was_probed_from() {
+        let ticks = [
+            0,
+            1,
+            2,
+            3,
+            1_000,
+            123_456_789,
+            1 << 40,
+            1 << 47,
+            999_999_999_999,
+        ];
+        for (f, s) in RATIOS {
+            let scale = TickScale::from_probe(quanta_like(1 << PROBE_TICKS_LOG2, f, s));
+            for t in ticks {
+                assert_eq!(
+                    scale.nanos(t),
+                    quanta_like(t, f, s),
+                    "f {f} s {s} ticks {t}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn the_largest_tick_counts_saturate_instead_of_wrapping() {
+        // A slow counter: u64::MAX ticks are far beyond u64::MAX ns.
+        let slow = TickScale::from_probe(quanta_like(1 << PROBE_TICKS_LOG2, 43_690_667, 20));
+        assert_eq!(slow.nanos(u64::MAX), u64::MAX);
+        assert_eq!(slow.nanos(u64::MAX / 2), u64::MAX);
+        assert!(slow.nanos(u64::MAX / 64) < u64::MAX);
+        // A fast one: u64::MAX ticks fit, rounded down.
+        let fast = TickScale::from_probe(quanta_like(1 << PROBE_TICKS_LOG2, 13_700_000, 25));
+        let want = (u128::from(u64::MAX) * u128::from(fast.mult)) >> SHIFT;
+        assert_eq!(u128::from(fast.nanos(u64::MAX)), want);
+        assert!(fast.nanos(u64::MAX) < u64::MAX);
+    }
+
+    #[test]
+    fn more_ticks_are_never_fewer_nanoseconds() {
+        for (f, s) in RATIOS {
+            let scale = TickScale::from_probe(quanta_like(1 << PROBE_TICKS_LOG2, f, s));
+            let mut ticks: Vec<u64> = (0..64)
+                .flat_map(|b| [(1u64 << b) - 1, 1 << b, (1u64 << b) + 1])
+                .chain([u64::MAX - 1, u64::MAX])
+                .collect();
+            ticks.sort_unstable();
+            let mut prev = 0;
+            for t in ticks {
+                let ns = scale.nanos(t);
+                assert!(ns >= prev, "f {f} s {s}: {t} ticks gave {ns} < {prev}");
+                prev = ns;
+            }
+        }
+    }
+}
