@@ -130,6 +130,13 @@ pub(crate) fn div_u128(a: u128, b: u128) -> u128 {
     }
 }
 
+/// Marks the branch that calls it as rarely taken, so the compiler keeps a branch there (the
+/// common side's data then does not wait for the test, as it would in a conditional move).
+/// (`std::hint::cold_path` needs Rust 1.95.)
+#[cold]
+#[inline(never)]
+pub(crate) fn cold() {}
+
 /// Narrows a `u128` to `u64`, saturating.
 #[inline]
 pub(crate) fn sat_u64(v: u128) -> u64 {

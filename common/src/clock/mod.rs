@@ -3,7 +3,7 @@
 
 mod scale;
 
-use crate::units::Nanos;
+use crate::units::{cold, Nanos};
 use scale::TickScale;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -27,8 +27,9 @@ pub trait Clock: Send + Sync {
 /// Reads go through `quanta` (the invariant TSC where the CPU has one, else the OS monotonic
 /// clock): a read costs about a third of `Instant::now()` here, and every decision reads it.
 /// Ticks become nanoseconds by quanta's own calibration, taken once at construction as a
-/// fixed-point ratio (`clock/scale.rs`): per read, one multiply and a constant shift that give
-/// the nanoseconds quanta gives, saturating where quanta's would wrap.
+/// fixed-point ratio (`clock/scale.rs`): per read, one multiply (and for a counter of up to
+/// 1 GHz a constant shift) that give the nanoseconds quanta gives, saturating where quanta's
+/// would wrap.
 #[derive(Debug, Clone)]
 pub struct MonotonicClock {
     clock: quanta::Clock,
@@ -65,8 +66,21 @@ impl MonotonicClock {
     /// the sum saturates at `u64::MAX` (it never wraps to an earlier time).
     #[inline]
     fn at_raw(&self, raw: u64) -> Nanos {
-        let elapsed = self.scale.nanos(raw.saturating_sub(self.start_raw));
-        self.anchor_unix_ns.saturating_add(elapsed)
+        // Branches, not conditional moves, for the two limits (never reached in practice): the
+        // decision's compare-and-swap waits for this time, so each step on the way adds to
+        // every decision.
+        let Some(ticks) = raw.checked_sub(self.start_raw) else {
+            cold();
+            return self.anchor_unix_ns;
+        };
+        let elapsed = self.scale.nanos(ticks);
+        match self.anchor_unix_ns.checked_add(elapsed) {
+            Some(t) => t,
+            None => {
+                cold();
+                u64::MAX
+            }
+        }
     }
 }
 

@@ -3,11 +3,17 @@
 
 use crate::units::Nanos;
 
-/// Fraction bits of [`TickScale`]'s ratio: `ns = ticks × mult / 2^SHIFT`.
+/// Fraction bits of [`TickScale`]'s ratio for a counter of up to 1 GHz: `ns = ticks × mult /
+/// 2^SHIFT`.
 ///
 /// A constant, so a conversion is one 64×64-bit multiply and a shift by an immediate: no
-/// shift by a loaded count and no branch on the clock source on the decision path.
+/// shift by a loaded count on the decision path.
 const SHIFT: u32 = 32;
+
+/// Fraction bits for a counter faster than 1 GHz (less than one nanosecond per tick, as a TSC):
+/// the nanoseconds are then the high word of the product as it is, with no shift at all, and
+/// always fit in 64 bits.
+const WIDE_SHIFT: u32 = 64;
 
 /// Ticks measured to derive a ratio from a clock's own conversion ([`TickScale::from_probe`]):
 /// 2^48 ticks is at least 2^SHIFT, so the ratio keeps every bit the clock's conversion has
@@ -15,24 +21,39 @@ const SHIFT: u32 = 32;
 /// 65,536 ns per tick the nanoseconds fit in 64 bits.
 pub(crate) const PROBE_TICKS_LOG2: u32 = 48;
 
-/// Nanoseconds per raw tick as the fixed-point ratio `mult / 2^32`.
+/// Nanoseconds per raw tick as the fixed-point ratio `mult / 2^64` (`wide`, a counter faster
+/// than 1 GHz) or `mult / 2^32`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct TickScale {
-    /// Nanoseconds per tick × 2^32.
+    /// Nanoseconds per tick × 2^64 when `wide`, else × 2^32.
     mult: u64,
+    wide: bool,
 }
 
 impl TickScale {
     /// One nanosecond per tick (a clock that already counts nanoseconds).
     #[cfg(test)]
-    pub(crate) const IDENTITY: TickScale = TickScale { mult: 1 << SHIFT };
+    pub(crate) const IDENTITY: TickScale = TickScale {
+        mult: 1 << SHIFT,
+        wide: false,
+    };
 
     /// The ratio of a clock that converts 2^[`PROBE_TICKS_LOG2`] ticks to `probe_ns`
     /// nanoseconds. For a clock that converts as `ticks × f / 2^s` (rounded down) with
-    /// `s ≤ 32`, [`nanos`](Self::nanos) then gives exactly its answers.
+    /// `s ≤ 32`, [`nanos`](Self::nanos) then gives exactly its answers: the probe is then
+    /// exactly `f × 2^(48 − s)`, so `mult` is exactly `f × 2^(64 − s)` (below 2^64 when
+    /// `f < 2^s`, under a nanosecond per tick) or `f × 2^(32 − s)`.
     pub(crate) fn from_probe(probe_ns: Nanos) -> TickScale {
-        TickScale {
-            mult: probe_ns >> (PROBE_TICKS_LOG2 - SHIFT),
+        if probe_ns < 1 << PROBE_TICKS_LOG2 {
+            TickScale {
+                mult: probe_ns << (WIDE_SHIFT - PROBE_TICKS_LOG2),
+                wide: true,
+            }
+        } else {
+            TickScale {
+                mult: probe_ns >> (PROBE_TICKS_LOG2 - SHIFT),
+                wide: false,
+            }
         }
     }
 
@@ -40,8 +61,13 @@ impl TickScale {
     /// smaller time, however many ticks).
     #[inline]
     pub(crate) fn nanos(self, ticks: u64) -> Nanos {
-        let ns = (u128::from(ticks) * u128::from(self.mult)) >> SHIFT;
-        u64::try_from(ns).unwrap_or(u64::MAX)
+        let product = u128::from(ticks) * u128::from(self.mult);
+        if self.wide {
+            // mult < 2^64, so the high word is below `ticks`: it fits.
+            (product >> WIDE_SHIFT) as u64
+        } else {
+            u64::try_from(product >> SHIFT).unwrap_or(u64::MAX)
+        }
     }
 }
 
@@ -106,9 +132,30 @@ mod tests {
         assert!(slow.nanos(u64::MAX / 64) < u64::MAX);
         // A fast one: u64::MAX ticks fit, rounded down.
         let fast = TickScale::from_probe(quanta_like(1 << PROBE_TICKS_LOG2, 13_700_000, 25));
-        let want = (u128::from(u64::MAX) * u128::from(fast.mult)) >> SHIFT;
+        assert!(fast.wide);
+        let want = (u128::from(u64::MAX) * u128::from(fast.mult)) >> WIDE_SHIFT;
         assert_eq!(u128::from(fast.nanos(u64::MAX)), want);
+        assert_eq!(fast.nanos(u64::MAX), quanta_like(u64::MAX, 13_700_000, 25));
         assert!(fast.nanos(u64::MAX) < u64::MAX);
+    }
+
+    #[test]
+    fn a_counter_faster_than_1_ghz_takes_the_wide_ratio_and_one_ns_per_tick_does_not() {
+        let ghz = |f, s| TickScale::from_probe(quanta_like(1 << PROBE_TICKS_LOG2, f, s)).wide;
+        assert!(ghz(13_700_000, 25)); // ~2.45 GHz
+        assert!(ghz(107_374_182, 28)); // ~2.5 GHz
+        assert!(ghz(3_435_973_836, 32)); // 1.25 GHz
+        assert!(!ghz(1 << 29, 29)); // exactly 1 ns per tick
+        assert!(!ghz(43_690_667, 20)); // 24 MHz
+        // Just under 1 ns per tick: the largest wide ratio, exact to the last tick.
+        let s = TickScale::from_probe((1 << PROBE_TICKS_LOG2) - 1);
+        assert!(s.wide);
+        assert_eq!(s.mult, u64::MAX - 0xffff);
+        for t in [0, 1, 1 << 32, u64::MAX - 1, u64::MAX] {
+            let want = (u128::from(t) * u128::from(s.mult)) >> 64;
+            assert_eq!(u128::from(s.nanos(t)), want);
+            assert!(s.nanos(t) <= t);
+        }
     }
 
     #[test]
