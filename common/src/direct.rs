@@ -53,11 +53,7 @@ impl<A: RateAlgorithm, C: Clock> DirectLimiter<A, C> {
     pub fn decide(&self, cost: Micros) -> Decision {
         let now = self.clock.now();
         let alg = &self.alg;
-        let packed = self.cell.update(|w| {
-            let mut s = alg.unpack(w)?;
-            let d = alg.decide(&mut s, now, cost);
-            Some((d, alg.pack(&s)?))
-        });
+        let packed = self.cell.update(|w| alg.decide_word(w, now, cost));
         if let Some(d) = packed {
             return d;
         }

@@ -373,11 +373,7 @@ impl SlotCell {
     ) -> Attempt {
         let seen = self.version.load(Ordering::Relaxed);
         if seen == version {
-            let packed = self.cell.update(|w| {
-                let mut st = params.unpack(w)?;
-                let d = params.decide(&mut st, now, cost);
-                Some((d, params.pack(&st)?))
-            });
+            let packed = self.cell.update(|w| params.decide_word(w, now, cost));
             if let Some(d) = packed {
                 return Attempt::Decided(d);
             }

@@ -4,7 +4,7 @@
 //! conforms when `max(TAT, t) + c·I − t ≤ B·I` (for c = 1 this is the usual `t ≥ TAT − τ`), and
 //! then `TAT = max(TAT, t) + c·I`. It admits exactly what a token bucket of capacity B admits.
 
-use super::token_bucket::bucket_decision;
+use super::token_bucket::{bucket_decide_debt, bucket_decision};
 use super::{Rate, RateAlgorithm};
 use crate::decision::Decision;
 use crate::units::{Micros, Nanos};
@@ -117,5 +117,22 @@ impl RateAlgorithm for Gcra {
             tat: self.scaled(last) + debt,
             last,
         })
+    }
+
+    /// On the word's (debt, last) directly ([`bucket_decide_debt`]: the TAT ahead of a later
+    /// time is the debt less the time's scaled advance, saturating at 0) when
+    /// `capacity × rate.per_ns` fits in 64 bits and the debt is within it; else through the
+    /// state.
+    #[inline(always)]
+    fn decide_word(&self, word: u128, now: Nanos, cost: Micros) -> Option<(Decision, u128)> {
+        let (debt, last) = (word as u64, (word >> 64) as u64);
+        match self.capacity.checked_mul(self.rate.per_ns) {
+            Some(full) if debt <= full => {
+                let (d, debt, last) =
+                    bucket_decide_debt(debt, last, full, self.capacity, self.rate, now, cost);
+                Some((d, super::pack_words(u128::from(debt), last)?))
+            }
+            _ => super::decide_word_via_state(self, word, now, cost),
+        }
     }
 }

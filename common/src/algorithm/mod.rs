@@ -89,6 +89,28 @@ pub trait RateAlgorithm {
     fn unpack(&self, _word: u128) -> Option<Self::State> {
         None
     }
+
+    /// [`decide`](Self::decide) on a packed word: `Some((decision, new word))`, the same as
+    /// [`unpack`](Self::unpack), `decide` and [`pack`](Self::pack) give (the default does
+    /// exactly that), `None` when either of those does (nothing decided: the caller locks
+    /// the state instead).
+    #[inline]
+    fn decide_word(&self, word: u128, now: Nanos, cost: Micros) -> Option<(Decision, u128)> {
+        decide_word_via_state(self, word, now, cost)
+    }
+}
+
+/// [`RateAlgorithm::decide_word`] through the state: unpack, decide, pack.
+#[inline]
+pub(crate) fn decide_word_via_state<A: RateAlgorithm + ?Sized>(
+    alg: &A,
+    word: u128,
+    now: Nanos,
+    cost: Micros,
+) -> Option<(Decision, u128)> {
+    let mut s = alg.unpack(word)?;
+    let d = alg.decide(&mut s, now, cost);
+    Some((d, alg.pack(&s)?))
 }
 
 /// A packed bucket word: the low 64 bits are a level (or debt) in the algorithm's units, the

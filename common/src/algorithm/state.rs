@@ -174,6 +174,22 @@ impl LimitParams {
         }
     }
 
+    /// [`RateAlgorithm::decide_word`] on whichever algorithm these parameters select: the
+    /// same as [`unpack`](Self::unpack), [`decide`](Self::decide) and [`pack`](Self::pack);
+    /// `None` for a window or a log.
+    #[inline]
+    pub fn decide_word(&self, word: u128, now: Nanos, cost: Micros) -> Option<(Decision, u128)> {
+        match *self {
+            LimitParams::TokenBucket { capacity, rate } => {
+                TokenBucket { capacity, rate }.decide_word(word, now, cost)
+            }
+            LimitParams::Gcra { capacity, rate } => {
+                Gcra { capacity, rate }.decide_word(word, now, cost)
+            }
+            _ => None,
+        }
+    }
+
     /// [`RateAlgorithm::is_idle`]; a state of another algorithm is idle (it will be replaced).
     pub fn is_idle(&self, state: &LimitState, now: Nanos) -> bool {
         dispatch!(self, state, |alg, s| alg.is_idle(s, now), true)
