@@ -147,6 +147,7 @@ mod tests {
         assert!(ghz(3_435_973_836, 32)); // 1.25 GHz
         assert!(!ghz(1 << 29, 29)); // exactly 1 ns per tick
         assert!(!ghz(43_690_667, 20)); // 24 MHz
+
         // Just under 1 ns per tick: the largest wide ratio, exact to the last tick.
         let s = TickScale::from_probe((1 << PROBE_TICKS_LOG2) - 1);
         assert!(s.wide);
