@@ -19,6 +19,8 @@ mod sliding_log;
 mod sliding_window;
 mod state;
 mod token_bucket;
+#[cfg(test)]
+mod word_props;
 
 pub use fixed_window::{FixedWindow, FixedWindowState};
 pub use gcra::{Gcra, GcraState};

@@ -240,4 +240,31 @@ mod tests {
             );
         }
     }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig { cases: 10_000, ..Default::default() })]
+
+        /// `at_raw` is the anchor plus quanta's `delta_as_nanos` on a counter of ratio (f, s)
+        /// (s ≤ 32), saturating, and never goes back as the raw reading grows.
+        #[test]
+        fn at_raw_is_the_anchor_plus_quantas_delta_and_monotone(
+            s in 0u32..=32,
+            fx in proptest::prelude::any::<u64>(),
+            start in proptest::prelude::any::<u64>(),
+            anchor in proptest::prop_oneof![proptest::prelude::any::<u64>(), 0u64..2_000_000_000_000_000_000],
+            a in proptest::prelude::any::<u64>(),
+            d in proptest::prop_oneof![0u64..1_000_000, proptest::prelude::any::<u64>()],
+        ) {
+            let f = fx % ((1u64 << s) << 16).max(1); // under 2^16 ns per tick
+            let probe = ((u128::from(1u64 << scale::PROBE_TICKS_LOG2) * u128::from(f)) >> s) as u64;
+            let c = clock_at(start, TickScale::from_probe(probe), anchor);
+            let delta = |raw: u64| if raw <= start { 0 } else { (u128::from(raw - start) * u128::from(f)) >> s };
+            let want = |raw: u64| u64::try_from(u128::from(anchor) + delta(raw)).unwrap_or(u64::MAX);
+            let b = a.saturating_add(d);
+            proptest::prop_assert_eq!(c.at_raw(a), want(a), "f {} s {} start {} raw {}", f, s, start, a);
+            proptest::prop_assert_eq!(c.at_raw(b), want(b));
+            proptest::prop_assert!(c.at_raw(b) >= c.at_raw(a));
+            proptest::prop_assert!(c.at_raw(a) >= anchor);
+        }
+    }
 }

@@ -74,6 +74,7 @@ impl TickScale {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     /// quanta's conversion: `(ticks × f) >> s`, truncated to 64 bits as it does.
     fn quanta_like(ticks: u64, f: u64, s: u32) -> u64 {
@@ -174,6 +175,63 @@ mod tests {
                 assert!(ns >= prev, "f {f} s {s}: {t} ticks gave {ns} < {prev}");
                 prev = ns;
             }
+        }
+    }
+
+    /// A clock's ratio `(f, s)`: `s` ≤ 32 (quanta's calibration spans well under 2^32 ticks)
+    /// and `f` below 2^16 ns per tick (`f < 2^(s+16)`: the probe of 2^48 ticks then fits
+    /// in 64 bits); 1 ns per tick and the edges around it included.
+    fn ratio() -> impl Strategy<Value = (u64, u32)> {
+        (0u32..=32, any::<u64>(), 0u8..6).prop_map(|(s, x, mode)| {
+            let one = 1u64 << s;
+            let f = match mode {
+                0 => x % one.max(1),                     // faster than 1 GHz
+                1 => one,                                // exactly 1 ns per tick
+                2 => one - 1,                            // just under
+                3 => one + 1,                            // just over
+                4 => x % (one << 16),                    // anything up to 65,536 ns per tick
+                _ => one + x % (one.saturating_mul(64)), // up to 64 ns per tick
+            };
+            (f, s)
+        })
+    }
+
+    fn ticks() -> impl Strategy<Value = u64> {
+        prop_oneof![
+            any::<u64>(),
+            0u64..1_000_000,
+            0u64..(1 << 48),
+            (u64::MAX - 1_000)..=u64::MAX,
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 20_000, ..ProptestConfig::default() })]
+
+        /// The probed ratio gives quanta's `(ticks × f) >> s` exactly wherever that fits in 64
+        /// bits, and u64::MAX (not quanta's wrapped value) where it does not.
+        #[test]
+        fn a_probed_ratio_is_quantas_truncation((f, s) in ratio(), t in ticks()) {
+            let scale = TickScale::from_probe(quanta_like(1 << PROBE_TICKS_LOG2, f, s));
+            let exact = (u128::from(t) * u128::from(f)) >> s;
+            let want = u64::try_from(exact).unwrap_or(u64::MAX);
+            prop_assert_eq!(scale.nanos(t), want, "f {} s {} ticks {}", f, s, t);
+            if exact <= u128::from(u64::MAX) {
+                prop_assert_eq!(scale.nanos(t), quanta_like(t, f, s));
+            }
+        }
+
+        /// More ticks are never fewer nanoseconds, for any ratio at all (from any probe).
+        #[test]
+        fn nanos_are_monotone_in_ticks(
+            probe in prop_oneof![any::<u64>(), (0u64..(1 << 49)), ratio().prop_map(|(f, s)| quanta_like(1 << PROBE_TICKS_LOG2, f, s))],
+            a in ticks(),
+            b in ticks(),
+        ) {
+            let scale = TickScale::from_probe(probe);
+            let (lo, hi) = (a.min(b), a.max(b));
+            prop_assert!(scale.nanos(lo) <= scale.nanos(hi), "probe {} ticks {} {}", probe, lo, hi);
+            prop_assert!(scale.nanos(hi.saturating_add(1)) >= scale.nanos(hi));
         }
     }
 }
