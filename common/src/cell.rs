@@ -24,30 +24,46 @@ pub const SLOW: u128 = u128::MAX;
 /// the word as it is): `compare_exchange` (sequentially consistent either way).
 ///
 /// On x86-64 with `cmpxchg16b` (every x86-64 CPU since about 2006; checked at run time unless
-/// the build targets it) this is the instruction in line. portable-atomic's own call, made
+/// the build targets it), where portable-atomic's `AtomicU128` uses it too
+/// ([`inline_cmpxchg16b`]), this is the instruction in line. portable-atomic's own call, made
 /// through a function pointer chosen at run time, returned its answer through memory: on the
 /// decision path that cost 2–3 ns of ~23 with the real clock, whose read the
 /// compare-and-swap waits for.
 #[inline(always)]
 fn compare_exchange(word: &AtomicU128, current: u128, new: u128) -> Result<u128, u128> {
-    #[cfg(target_arch = "x86_64")]
-    if cfg!(target_feature = "cmpxchg16b") || std::arch::is_x86_feature_detected!("cmpxchg16b") {
-        // SAFETY: the CPU has `cmpxchg16b` (checked just above); `as_ptr` is valid for the
-        // cell's lifetime and 16-byte aligned (portable-atomic's `AtomicU128` is); and with
-        // `cmpxchg16b` present portable-atomic itself accesses the word only with lock-free
-        // 16-byte instructions (`cmpxchg16b`, or aligned `vmovdqa` where it deems that
-        // atomic), so this locked read-modify-write is atomic with respect to all of them.
+    #[cfg(all(target_arch = "x86_64", target_pointer_width = "64"))]
+    if inline_cmpxchg16b() {
+        // SAFETY: portable-atomic's `AtomicU128` is lock-free here (checked just above), so
+        // the CPU has `cmpxchg16b` and portable-atomic itself accesses the word only with
+        // lock-free 16-byte instructions (`cmpxchg16b`, or aligned `vmovdqa` where it deems
+        // that atomic), so this locked read-modify-write is atomic with respect to all of
+        // them; `as_ptr` is valid for the cell's lifetime and 16-byte aligned
+        // (portable-atomic's `AtomicU128` is).
         return unsafe { cmpxchg16b(word.as_ptr(), current, new) };
     }
     word.compare_exchange(current, new, Ordering::AcqRel, Ordering::Acquire)
 }
 
-/// `lock cmpxchg16b` on `dst`: see [`compare_exchange`].
+/// Whether [`compare_exchange`] runs `lock cmpxchg16b` in line: exactly when portable-atomic
+/// implements `AtomicU128` with lock-free 16-byte instructions itself (`cmpxchg16b` at compile
+/// time, or found by its run-time check: the same CPUID bit as
+/// `is_x86_feature_detected!("cmpxchg16b")`, cached). The CPU's having the instruction is not
+/// enough: built with `--cfg portable_atomic_no_outline_atomics`, for SGX or under Miri,
+/// portable-atomic keeps the word behind its lock-based fallback, which an in-line
+/// instruction would bypass (lost updates). Miri cannot run inline asm at all.
+#[cfg(all(target_arch = "x86_64", target_pointer_width = "64"))]
+#[inline(always)]
+fn inline_cmpxchg16b() -> bool {
+    !cfg!(miri) && AtomicU128::is_lock_free()
+}
+
+/// `lock cmpxchg16b` on `dst`: see [`compare_exchange`]. (Only with 64-bit pointers: the
+/// address is used as all of RDI, which x32's 32-bit pointer would not fill.)
 ///
 /// # Safety
 /// The CPU must support `cmpxchg16b`; `dst` must be valid for reads and writes, 16-byte
 /// aligned, and accessed by others only atomically.
-#[cfg(target_arch = "x86_64")]
+#[cfg(all(target_arch = "x86_64", target_pointer_width = "64"))]
 #[inline(always)]
 unsafe fn cmpxchg16b(dst: *mut u128, current: u128, new: u128) -> Result<u128, u128> {
     let (prev_lo, prev_hi): (u64, u64);
@@ -314,6 +330,47 @@ mod tests {
                 assert_eq!(compare_exchange(&w, a, a), Ok(a));
             }
         }
+    }
+
+    /// The in-line `lock cmpxchg16b` is atomic only with respect to other atomic 16-byte
+    /// accesses: it must not run where portable-atomic keeps the word behind its lock-based
+    /// fallback (built with `--cfg portable_atomic_no_outline_atomics`, on SGX, under Miri),
+    /// which the CPU's having `cmpxchg16b` does not rule out.
+    #[cfg(all(target_arch = "x86_64", target_pointer_width = "64"))]
+    #[test]
+    fn the_inline_instruction_runs_only_where_portable_atomic_is_lock_free() {
+        assert!(
+            !inline_cmpxchg16b() || AtomicU128::is_lock_free(),
+            "lock cmpxchg16b in line on a word portable-atomic guards with a lock"
+        );
+    }
+
+    #[test]
+    fn compare_exchanges_and_portable_atomics_own_updates_lose_nothing_to_each_other() {
+        // One thread adds 1 by compare-and-swap loops, one by portable-atomic's fetch_add; the
+        // counter starts just below 2^64, so the increments carry into the high half.
+        const START: u128 = (1 << 64) - 1_000;
+        const EACH: u128 = 200_000;
+        let w = AtomicU128::new(START);
+        let go = std::sync::Barrier::new(2);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                go.wait();
+                for _ in 0..EACH {
+                    let mut cur = w.load(Ordering::Acquire);
+                    while let Err(now) = compare_exchange(&w, cur, cur + 1) {
+                        cur = now;
+                    }
+                }
+            });
+            s.spawn(|| {
+                go.wait();
+                for _ in 0..EACH {
+                    w.fetch_add(1, Ordering::AcqRel);
+                }
+            });
+        });
+        assert_eq!(w.load(Ordering::SeqCst), START + 2 * EACH);
     }
 
     #[test]

@@ -62,7 +62,7 @@ fn word(capacity: Micros, rate: Rate) -> impl Strategy<Value = u128> {
     let low = (0u8..8, any::<u64>()).prop_map(move |(mode, x)| {
         let f = full.unwrap_or(u64::MAX);
         match mode {
-            0 | 1 | 2 => x % f.saturating_add(1).max(1),
+            0..=2 => x % f.saturating_add(1).max(1),
             3 => f,
             4 => f.saturating_sub(1),
             5 => f.saturating_add(1),
