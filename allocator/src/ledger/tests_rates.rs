@@ -136,7 +136,9 @@ fn live_rates_never_reach_the_policy_rate() {
     // A rate only (no base) is a grant: gw1 renews while the bucket is empty. Its rate is now
     // its max-min fair part: gw2, gw3 and gw4 asked within the lease (20 tokens each, 4/s over
     // the 5 s lease, more than a quarter), so they have claims too, whether or not they asked
-    // rates (the bucket's refill serves their lumps): a quarter of the 999,999 ppm.
+    // rates (the bucket's refill serves their lumps). Their wants exceed the rate, so a
+    // quarter of it stays pooled in the bucket (`POOLED_PPM`): a quarter of the 750,000 ppm
+    // left of the 999,999 to divide (the pooled 249,999 rounded down).
     let renewed = granted(&acquire_rate(
         &mut l,
         T0 + 10,
@@ -145,7 +147,7 @@ fn live_rates_never_reach_the_policy_rate() {
         (T, 10 * T),
         "r4",
     ));
-    assert_eq!(renewed.rate_per_s, 10 * T * 249_999 / 1_000_000);
+    assert_eq!(renewed.rate_per_s, 10 * T * 187_500 / 1_000_000);
     assert!(renewed.rate_per_s < g1.rate_per_s);
     assert_eq!(renewed.granted, 0, "the bucket holds 10 µtok");
     l.check_invariants().unwrap();
