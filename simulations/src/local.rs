@@ -113,7 +113,7 @@ const ANY_PORT: &str = "127.0.0.1:0";
 /// The address of the `ingress` listener of the Envoy whose admin address is in `admin_file`
 /// (written by `--admin-address-path` once the admin server listens), read from its admin API;
 /// `None` until both are up.
-async fn envoy_listener(http: &reqwest::Client, admin_file: &Path) -> Option<String> {
+pub(crate) async fn envoy_listener(http: &reqwest::Client, admin_file: &Path) -> Option<String> {
     let admin = std::fs::read_to_string(admin_file).ok()?;
     let v: serde_json::Value = http
         .get(format!("http://{}/listeners?format=json", admin.trim()))
