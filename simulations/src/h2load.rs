@@ -205,9 +205,7 @@ impl EnvoyCounters {
                 "cluster.upstream.ratelimit.ok" => &mut c.rl_ok,
                 "cluster.upstream.ratelimit.over_limit" => &mut c.rl_over_limit,
                 "cluster.upstream.ratelimit.error" => &mut c.rl_error,
-                "cluster.upstream.ratelimit.failure_mode_allowed" => {
-                    &mut c.rl_failure_mode_allowed
-                }
+                "cluster.upstream.ratelimit.failure_mode_allowed" => &mut c.rl_failure_mode_allowed,
                 "http.ingress.downstream_rq_2xx" => &mut c.rq_2xx,
                 "http.ingress.downstream_rq_4xx" => &mut c.rq_4xx,
                 "http.ingress.downstream_rq_5xx" => &mut c.rq_5xx,
@@ -835,7 +833,10 @@ impl Envoy {
                 break;
             }
             if let Ok(Some(status)) = e.child.try_wait() {
-                bail!("Envoy ({name}) exited with {status}; see its log in {}", o.data_dir.display());
+                bail!(
+                    "Envoy ({name}) exited with {status}; see its log in {}",
+                    o.data_dir.display()
+                );
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -1139,7 +1140,11 @@ mod tests {
     fn the_uri_file_is_seeded_and_its_zipf_head_has_the_expected_share() {
         let dist = Zipf::new(10_000, 1.1).unwrap();
         let file = uri_file("leased", &dist, 100_000, 1);
-        assert_eq!(file, uri_file("leased", &dist, 100_000, 1), "same seed, same file");
+        assert_eq!(
+            file,
+            uri_file("leased", &dist, 100_000, 1),
+            "same seed, same file"
+        );
         assert_ne!(file, uri_file("leased", &dist, 100_000, 2));
         assert_eq!(file.lines().count(), 100_000);
         assert!(file
@@ -1155,10 +1160,17 @@ mod tests {
                 "top {top}: {share} vs {expected}"
             );
         }
-        assert!((dist.probability(0) - 0.151).abs() < 0.002, "{}", dist.probability(0));
+        assert!(
+            (dist.probability(0) - 0.151).abs() < 0.002,
+            "{}",
+            dist.probability(0)
+        );
         // The tail is reached: thousands of distinct tenants, not a handful.
         let (_, distinct) = head_share(&file, 1);
-        assert!((4_000..10_000).contains(&distinct), "{distinct} distinct tenants");
+        assert!(
+            (4_000..10_000).contains(&distinct),
+            "{distinct} distinct tenants"
+        );
         assert_eq!(head_share("", 1), (0.0, 0));
     }
 
@@ -1209,12 +1221,20 @@ mod tests {
             throughput: false,
             via_envoy: None,
         };
-        let a = args(&o, "127.0.0.1:9", Input::Uris(Path::new("d/local.uris")), None, Some(1250));
+        let a = args(
+            &o,
+            "127.0.0.1:9",
+            Input::Uris(Path::new("d/local.uris")),
+            None,
+            Some(1250),
+        );
         assert!(a.contains(&"--input-file=d/local.uris".to_string()));
         assert!(a.contains(&"--base-uri=http://127.0.0.1:9".to_string()));
         assert!(a.contains(&"--rps=1250".to_string()));
         assert!(a.contains(&"--duration=13s".to_string()));
-        assert!(!a.iter().any(|x| x.starts_with("--data") || x.starts_with("http")));
+        assert!(!a
+            .iter()
+            .any(|x| x.starts_with("--data") || x.starts_with("http")));
         let b = args(&o, "127.0.0.1:9", Input::Body(Path::new("d/b")), None, None);
         assert_eq!(b.last().unwrap(), &format!("http://127.0.0.1:9{RLS_PATH}"));
         assert!(b.contains(&"--data=d/b".to_string()));
@@ -1243,9 +1263,18 @@ mod tests {
         assert_eq!(moved.problem(100), None);
         assert!(moved.problem(101).is_some(), "fewer RLS OKs than requests");
         for bad in [
-            EnvoyCounters { rl_over_limit: 1, ..moved },
-            EnvoyCounters { rl_error: 1, ..moved },
-            EnvoyCounters { rl_failure_mode_allowed: 1, ..moved },
+            EnvoyCounters {
+                rl_over_limit: 1,
+                ..moved
+            },
+            EnvoyCounters {
+                rl_error: 1,
+                ..moved
+            },
+            EnvoyCounters {
+                rl_failure_mode_allowed: 1,
+                ..moved
+            },
             EnvoyCounters { rq_4xx: 1, ..moved },
             EnvoyCounters { rq_5xx: 1, ..moved },
         ] {
