@@ -127,6 +127,8 @@ struct Known {
     last_ms: u64,
     anchor: Option<Anchor>,
     term: Option<u64>,
+    /// This node's monotonic time of its last record, ns (`None` before the first).
+    recorded_ns: Option<u64>,
 }
 
 /// One node's view of ledger time: fed by its state machine as it applies stamps, read by its
@@ -184,6 +186,18 @@ impl LedgerTime {
         };
         k.anchor = Some(next_anchor(k.anchor, k.term, applied, term));
         k.term = term;
+        k.recorded_ns = Some(now_ns);
+    }
+
+    /// Real time since this node last applied (or restored) a stamp, ns, by its monotonic
+    /// clock; `None` before the first. The leader's ticker proposes a `Tick` only when this
+    /// reaches its period: any applied entry moved ledger time as far as a tick would.
+    pub fn since_applied_ns(&self) -> Option<u64> {
+        let now_ns = self.clock.monotonic_ns();
+        self.known
+            .lock()
+            .recorded_ns
+            .map(|t| now_ns.saturating_sub(t))
     }
 
     /// The stamp to put into an entry proposed now (see [`next_stamp`]).
@@ -410,6 +424,27 @@ mod tests {
         };
         assert_eq!(merge_anchor(Some(min), max), max);
         assert_eq!(merge_anchor(Some(max), min), max);
+    }
+
+    #[test]
+    fn real_time_since_the_last_applied_stamp_is_measured_on_the_monotonic_clock() {
+        let clock = ManualNodeClock::with_monotonic(50_000, 7 * MS);
+        let time = LedgerTime::new(Arc::new(clock.clone()));
+        assert_eq!(time.since_applied_ns(), None);
+        // A stamp of 0 is no time at all: still nothing applied.
+        time.applied(0);
+        assert_eq!(time.since_applied_ns(), None);
+        time.applied_in_term(50_000, 1);
+        assert_eq!(time.since_applied_ns(), Some(0));
+        // The wall clock does not count, the monotonic clock does.
+        clock.advance_wall(10_000);
+        assert_eq!(time.since_applied_ns(), Some(0));
+        clock.advance_monotonic(250);
+        assert_eq!(time.since_applied_ns(), Some(250 * MS));
+        // Any applied stamp restarts it, even one that does not move ledger time.
+        time.applied_in_term(40_000, 1);
+        assert_eq!(time.since_applied_ns(), Some(0));
+        assert_eq!(time.last_ms(), 50_000);
     }
 
     #[test]

@@ -164,6 +164,11 @@ enum Command {
         /// h2load's own latency grows (a no-op server's mean went from 0.14 to 1.1 ms here).
         #[arg(long, default_value_t = 1)]
         streams: u32,
+        /// Most requests outstanding on one connection in the throughput runs (closed loop):
+        /// with few outstanding, the slowest path's latency sets the rate instead of the
+        /// server's capacity.
+        #[arg(long, default_value_t = 16)]
+        throughput_streams: u32,
         /// Measured seconds of each run.
         #[arg(long, default_value_t = 10)]
         duration_s: u64,
@@ -447,6 +452,7 @@ async fn run(command: Command) -> Result<()> {
             rate,
             clients,
             streams,
+            throughput_streams,
             duration_s,
             warmup_s,
             rounds,
@@ -479,6 +485,7 @@ async fn run(command: Command) -> Result<()> {
                 rate,
                 clients,
                 streams,
+                throughput_streams,
                 duration: Duration::from_secs(duration_s),
                 warmup: Duration::from_secs(warmup_s),
                 rounds,

@@ -208,7 +208,8 @@ async fn tenants(run: &mut Run<'_>, part: &str, n: usize, secs: u64) -> Result<(
 const LEASE_WARM_S: u64 = 4;
 
 /// Lease traffic at steady state: `[warm-up, steady]` arrivals sent back to back, the same
-/// traffic. Raft entries (the leader's log growth, its own 4 ticks/s included) and the agents'
+/// traffic. Raft entries (the leader's log growth, its own ticks included: at most 4/s, fewer
+/// under traffic, whose entries move ledger time instead) and the agents'
 /// allocator work are counted over the steady phase only, per 1000 admitted in it. Target: at
 /// most one entry per driven agent per agent tick (1 s) plus the allocator's ticks. The ratio,
 /// overshoot and false rejections cover both phases, as every part's do.
