@@ -1,14 +1,17 @@
-//! The leader's clock tick: a `Command::Tick` proposal whenever no entry has been applied for a
-//! whole period, so allocations expire and share handoffs finish on time even when no client
-//! writes.
+//! The leader's clock tick: a `Command::Tick` proposal whenever no applied entry has moved
+//! ledger time for a whole period, so allocations expire and share handoffs finish on time even
+//! when no client writes.
 //!
 //! Every entry carries the leader's stamp, and applying any entry expires, forgets and hands
 //! off exactly as a `Tick` at that stamp would (`Ledger::apply_at`). So a tick is needed only
 //! where nothing else moved ledger time: under traffic the ticks cost no Raft entries (issue 9:
 //! "≤ one Raft entry per agent per tick"; each was a replication round and an fsync per node),
-//! and an idle cluster still ticks once per period. The check runs four times per period, so
-//! ledger time never stands still for more than about 1¼ periods plus one commit (before: one
-//! period plus one commit).
+//! and an idle cluster still ticks about once per period. The period is measured from when an
+//! entry was applied, checked four times per period, so two applied stamps are at most about
+//! 1¼ periods plus one commit latency apart, and the ledger's state lags real time by at most
+//! that plus another commit (before: one period plus a commit). Later is the safe direction:
+//! holders stop spending at their own deadlines; an allocation only expires, and its tokens
+//! return, a little later.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -179,6 +179,11 @@ impl LedgerTime {
         }
         let now_ns = self.clock.monotonic_ns();
         let mut k = self.known.lock();
+        if stamp_ms > k.last_ms {
+            // Ledger time moved: what the ticker waits on. A stamp at or behind it (replayed,
+            // an earlier term's entries committed late) moves nothing a tick would.
+            k.recorded_ns = Some(now_ns);
+        }
         k.last_ms = k.last_ms.max(stamp_ms);
         let applied = Anchor {
             stamp_ms,
@@ -186,12 +191,14 @@ impl LedgerTime {
         };
         k.anchor = Some(next_anchor(k.anchor, k.term, applied, term));
         k.term = term;
-        k.recorded_ns = Some(now_ns);
     }
 
-    /// Real time since this node last applied (or restored) a stamp, ns, by its monotonic
-    /// clock; `None` before the first. The leader's ticker proposes a `Tick` only when this
-    /// reaches its period: any applied entry moved ledger time as far as a tick would.
+    /// Real time since this node last applied (or restored) a stamp that moved ledger time
+    /// forward, ns, by its monotonic clock; `None` before the first. The leader's ticker
+    /// proposes a `Tick` only when this reaches its period: any entry that moved ledger time
+    /// did what a tick would. Under a [`ManualNodeClock`](super::ManualNodeClock) it grows
+    /// only as the test moves the monotonic clock, so a test that waits for an expiry must
+    /// move it by at least a tick period.
     pub fn since_applied_ns(&self) -> Option<u64> {
         let now_ns = self.clock.monotonic_ns();
         self.known
@@ -441,10 +448,14 @@ mod tests {
         assert_eq!(time.since_applied_ns(), Some(0));
         clock.advance_monotonic(250);
         assert_eq!(time.since_applied_ns(), Some(250 * MS));
-        // Any applied stamp restarts it, even one that does not move ledger time.
+        // A stamp that does not move ledger time (replayed, an earlier term's) restarts
+        // nothing; one that moves it does.
         time.applied_in_term(40_000, 1);
-        assert_eq!(time.since_applied_ns(), Some(0));
+        time.applied_in_term(50_000, 2);
+        assert_eq!(time.since_applied_ns(), Some(250 * MS));
         assert_eq!(time.last_ms(), 50_000);
+        time.applied_in_term(50_001, 2);
+        assert_eq!(time.since_applied_ns(), Some(0));
     }
 
     #[test]

@@ -51,6 +51,10 @@ impl NodeClock for SystemNodeClock {
 /// readings move together with [`ManualNodeClock::advance`] (real time passing) and apart with
 /// [`ManualNodeClock::set`] / [`ManualNodeClock::advance_wall`] (the wall clock stepped) or
 /// [`ManualNodeClock::advance_monotonic`] (a wall clock that stands still).
+///
+/// A daemon on this clock ticks only when the monotonic clock has moved a whole tick period
+/// past the last entry that moved ledger time (`daemon::ticker`): a test that waits for an
+/// allocation to expire on an idle cluster must advance it by at least one period.
 #[derive(Debug, Clone, Default)]
 pub struct ManualNodeClock {
     now_ms: Arc<AtomicU64>,
