@@ -39,6 +39,10 @@ use tokio::net::TcpListener;
 use tonic::transport::Channel;
 
 /// A policy that never runs dry during the run, so every decision is committed and admitted.
+/// Leases last 5 s: the open-loop phases never release what they acquire, and a key holds at
+/// most 4,096 live allocations per region (the ledger refuses more with KEY_CAP_REACHED, an
+/// answer that costs less to apply than a grant); each client acquires on its own key, so at
+/// 2× capacity a key holds about 350 Acquires/s × 5 s, well under the cap.
 const POLICY: &str = "domain: bench
 descriptors:
   - key: tenant
@@ -47,7 +51,7 @@ descriptors:
       requests_per_unit: 1000000000
       burst: 1000000000
       name: bench-global
-      lease: {ttl_ms: 60000, max_grant: 10, max_drift_ms: 500}
+      lease: {ttl_ms: 5000, max_grant: 10, max_drift_ms: 500}
 ";
 
 /// One token, microtokens.
@@ -212,6 +216,8 @@ struct Stats {
     refused: u64,
     /// Of `refused`: items refused OVERLOADED at once.
     overloaded: u64,
+    /// `refused` by the error item's reason (and the first message seen for it).
+    reasons: BTreeMap<String, (u64, String)>,
     errors: u64,
 }
 
@@ -225,23 +231,47 @@ impl Stats {
         self.decisions += o.decisions;
         self.refused += o.refused;
         self.overloaded += o.overloaded;
+        for (k, (n, msg)) in o.reasons {
+            let e = self.reasons.entry(k).or_insert((0, msg));
+            e.0 += n;
+        }
         self.errors += o.errors;
+    }
+
+    /// The refused items by reason, e.g. `OUT_OF_RANGE 512 ("...")`.
+    fn reasons(&self) -> String {
+        let parts: Vec<String> = self
+            .reasons
+            .iter()
+            .map(|(k, (n, msg))| format!("{k} {n} ({msg:?})"))
+            .collect();
+        if parts.is_empty() {
+            "none".into()
+        } else {
+            parts.join("; ")
+        }
     }
 }
 
+/// Client `n`'s key for Decides: one of 16 shared keys.
 fn bench_key(n: usize) -> pb::PolicyKey {
+    key_named(format!("t{}", n % 16))
+}
+
+fn key_named(value: String) -> pb::PolicyKey {
     pb::PolicyKey {
         domain: "bench".into(),
         entries: vec![pb::DescriptorEntry {
             key: "tenant".into(),
-            value: format!("t{}", n % 16),
+            value,
         }],
     }
 }
 
+/// An Acquire of one token by client `n` on its own key (`a{n}`).
 fn acquire(n: usize, id: String) -> pb::AcquireRequest {
     pb::AcquireRequest {
-        key: Some(bench_key(n)),
+        key: Some(key_named(format!("a{n}"))),
         region: "eu-west".into(),
         holder: format!("gw-{n}"),
         want: T,
@@ -332,8 +362,12 @@ fn batch_items(n: usize, seq: u64, k: usize, grants: &[pb::Grant]) -> Vec<pb::Ba
 }
 
 /// Committed decisions, refused items and OVERLOADED items among `results`, and the grants
-/// in them (to report next time).
-fn tally(results: &[pb::BatchResult], grants: &mut Vec<pb::Grant>) -> (u64, u64, u64) {
+/// in them (to report next time); each refused item is counted in `reasons` by its reason.
+fn tally(
+    results: &[pb::BatchResult],
+    grants: &mut Vec<pb::Grant>,
+    reasons: &mut BTreeMap<String, (u64, String)>,
+) -> (u64, u64, u64) {
     grants.clear();
     let (mut ok, mut refused, mut overloaded) = (0, 0, 0);
     for r in results {
@@ -344,12 +378,27 @@ fn tally(results: &[pb::BatchResult], grants: &mut Vec<pb::Grant>) -> (u64, u64,
                 grants.push(*g);
                 ok += 1;
             }
-            Some(Outcome::Decide(_) | Outcome::Report(_) | Outcome::Acquire(_)) => ok += 1,
-            Some(Outcome::Error(e)) if e.reason == pb::ErrorReason::Overloaded as i32 => {
+            Some(
+                Outcome::Decide(_) | Outcome::Report(_) | Outcome::Acquire(_) | Outcome::Release(_),
+            ) => ok += 1,
+            Some(Outcome::Error(e)) => {
                 refused += 1;
-                overloaded += 1;
+                if e.reason == pb::ErrorReason::Overloaded as i32 {
+                    overloaded += 1;
+                }
+                let name = pb::ErrorReason::try_from(e.reason)
+                    .map(|r| r.as_str_name().to_string())
+                    .unwrap_or_else(|_| format!("reason {}", e.reason));
+                let slot = reasons.entry(name).or_insert((0, e.message.clone()));
+                slot.0 += 1;
             }
-            _ => refused += 1,
+            None => {
+                refused += 1;
+                reasons
+                    .entry("no outcome".into())
+                    .or_insert((0, String::new()))
+                    .0 += 1;
+            }
         }
     }
     (ok, refused, overloaded)
@@ -375,8 +424,14 @@ async fn batch_client(
         let measuring = t0 >= start_at;
         match r {
             Ok(r) => {
-                let (ok, refused, overloaded) = tally(&r.into_inner().results, &mut grants);
+                let mut reasons = BTreeMap::new();
+                let results = r.into_inner().results;
+                let (ok, refused, overloaded) = tally(&results, &mut grants, &mut reasons);
                 if measuring {
+                    s.add(Stats {
+                        reasons,
+                        ..Stats::default()
+                    });
                     let _ = h.record(t0.elapsed().as_micros() as u64);
                     s.decisions += ok;
                     s.refused += refused;
@@ -454,7 +509,7 @@ async fn open_loop(c: &Cluster, a: &Args, k: usize, every: Duration) -> (Stats, 
         }
         match r {
             Ok(results) => {
-                let (ok, refused, overloaded) = tally(&results, &mut Vec::new());
+                let (ok, refused, overloaded) = tally(&results, &mut Vec::new(), &mut s.reasons);
                 s.decisions += ok;
                 s.refused += refused;
                 s.overloaded += overloaded;
@@ -474,6 +529,11 @@ async fn clients_of(c: &Cluster, n: usize) -> Vec<AllocatorClient<Channel>> {
         v.push(c.connect().await);
     }
     v
+}
+
+/// A table row and the phase's refused items by reason.
+fn row_of(name: &str, s: &Stats, entries: f64, secs: u64, base: f64) -> (String, String) {
+    (row(name, s, entries, secs, base), s.reasons())
 }
 
 fn row(name: &str, s: &Stats, entries: f64, secs: u64, base: f64) -> String {
@@ -501,7 +561,7 @@ async fn main() {
     let (base, entries) = closed_loop(&c, &a, None).await;
     c.shutdown().await;
     let base_rate = (base.decisions as f64 / a.secs as f64).max(1.0);
-    rows.push(row(
+    rows.push(row_of(
         "unbatched, unary Acquire + Report",
         &base,
         entries,
@@ -512,7 +572,7 @@ async fn main() {
     let c = Cluster::start(Some(a.commit.clone())).await;
     let (s, entries) = closed_loop(&c, &a, None).await;
     c.shutdown().await;
-    rows.push(row(
+    rows.push(row_of(
         "group commit, unary Acquire + Report",
         &s,
         entries,
@@ -525,7 +585,7 @@ async fn main() {
     c.shutdown().await;
     let capacity = s.decisions as f64 / a.secs as f64;
     let name = format!("group commit, Batch of {} items", a.batch);
-    rows.push(row(&name, &s, entries, a.secs, base_rate));
+    rows.push(row_of(&name, &s, entries, a.secs, base_rate));
 
     // A given load on the schedule of `rate` decisions/s, in calls of `batch` items.
     let every = Duration::from_secs_f64(a.batch as f64 / a.rate as f64);
@@ -537,7 +597,7 @@ async fn main() {
         a.rate,
         CALL_DEADLINE.as_millis()
     );
-    rows.push(row(&name, &s, entries, a.secs, base_rate));
+    rows.push(row_of(&name, &s, entries, a.secs, base_rate));
 
     // Offered: `overload` × capacity, in calls of `batch` items on a fixed schedule.
     let calls_per_s = (capacity * a.overload as f64 / a.batch as f64).max(1.0);
@@ -552,7 +612,7 @@ async fn main() {
         a.overload,
         CALL_DEADLINE.as_millis()
     );
-    rows.push(row(&name, &s, entries, a.secs, base_rate));
+    rows.push(row_of(&name, &s, entries, a.secs, base_rate));
 
     println!(
         "3 nodes, loopback, sled fsync per append; {} clients, {} s measured after {} s warm-up; group commit {:?}",
@@ -560,7 +620,13 @@ async fn main() {
     );
     println!("| phase | committed decisions/s | vs unbatched | Raft entries/s | decisions per entry | calls | p50 ms | p99 ms | max ms | refused items | failed calls |");
     println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
-    for r in rows {
+    for (r, _) in &rows {
         println!("{r}");
+    }
+    println!();
+    println!("Refused items by reason (first message seen):");
+    for (r, why) in &rows {
+        let phase = r.split(" | ").next().unwrap_or("").trim_start_matches("| ");
+        println!("* {phase}: {why}");
     }
 }
