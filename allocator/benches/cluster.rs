@@ -214,10 +214,7 @@ impl Cluster {
 struct Stats {
     calls: Option<Histogram<u64>>,
     decisions: u64,
-    refused: u64,
-    /// Of `refused`: items refused OVERLOADED at once.
-    overloaded: u64,
-    /// `refused` by the error item's reason (and the first message seen for it).
+    /// Refused items by the error item's reason (and the first message seen for it).
     reasons: BTreeMap<String, (u64, String)>,
     errors: u64,
 }
@@ -230,13 +227,22 @@ impl Stats {
             _ => {}
         }
         self.decisions += o.decisions;
-        self.refused += o.refused;
-        self.overloaded += o.overloaded;
         for (k, (n, msg)) in o.reasons {
             let e = self.reasons.entry(k).or_insert((0, msg));
             e.0 += n;
         }
         self.errors += o.errors;
+    }
+
+    /// Items refused, whatever the reason.
+    fn refused(&self) -> u64 {
+        self.reasons.values().map(|(n, _)| n).sum()
+    }
+
+    /// Of [`Stats::refused`]: items refused OVERLOADED at once.
+    fn overloaded(&self) -> u64 {
+        let name = pb::ErrorReason::Overloaded.as_str_name();
+        self.reasons.get(name).map_or(0, |(n, _)| *n)
     }
 
     /// The refused items by reason, e.g. `OUT_OF_RANGE 512 ("...")`.
@@ -362,47 +368,35 @@ fn batch_items(n: usize, seq: u64, k: usize, grants: &[pb::Grant]) -> Vec<pb::Ba
         .collect()
 }
 
-/// Committed decisions, refused items and OVERLOADED items among `results`, and the grants
-/// in them (to report next time); each refused item is counted in `reasons` by its reason.
-fn tally(
-    results: &[pb::BatchResult],
-    grants: &mut Vec<pb::Grant>,
-    reasons: &mut BTreeMap<String, (u64, String)>,
-) -> (u64, u64, u64) {
+/// Counts `results` into `s`: committed decisions, and refused items by reason; keeps the
+/// grants among them (to report next time) in `grants`.
+fn tally(results: &[pb::BatchResult], grants: &mut Vec<pb::Grant>, s: &mut Stats) {
     grants.clear();
-    let (mut ok, mut refused, mut overloaded) = (0, 0, 0);
     for r in results {
-        match &r.outcome {
+        let (name, message) = match &r.outcome {
             Some(Outcome::Acquire(pb::AcquireResponse {
                 outcome: Some(pb::acquire_response::Outcome::Grant(g)),
             })) => {
                 grants.push(*g);
-                ok += 1;
+                s.decisions += 1;
+                continue;
             }
             Some(
                 Outcome::Decide(_) | Outcome::Report(_) | Outcome::Acquire(_) | Outcome::Release(_),
-            ) => ok += 1,
-            Some(Outcome::Error(e)) => {
-                refused += 1;
-                if e.reason == pb::ErrorReason::Overloaded as i32 {
-                    overloaded += 1;
-                }
-                let name = pb::ErrorReason::try_from(e.reason)
+            ) => {
+                s.decisions += 1;
+                continue;
+            }
+            Some(Outcome::Error(e)) => (
+                pb::ErrorReason::try_from(e.reason)
                     .map(|r| r.as_str_name().to_string())
-                    .unwrap_or_else(|_| format!("reason {}", e.reason));
-                let slot = reasons.entry(name).or_insert((0, e.message.clone()));
-                slot.0 += 1;
-            }
-            None => {
-                refused += 1;
-                reasons
-                    .entry("no outcome".into())
-                    .or_insert((0, String::new()))
-                    .0 += 1;
-            }
-        }
+                    .unwrap_or_else(|_| format!("reason {}", e.reason)),
+                e.message.as_str(),
+            ),
+            None => ("no outcome".to_string(), ""),
+        };
+        s.reasons.entry(name).or_insert((0, message.to_string())).0 += 1;
     }
-    (ok, refused, overloaded)
 }
 
 /// Loops one Batch call of `k` items until `end_at`.
@@ -425,18 +419,12 @@ async fn batch_client(
         let measuring = t0 >= start_at;
         match r {
             Ok(r) => {
-                let mut reasons = BTreeMap::new();
                 let results = r.into_inner().results;
-                let (ok, refused, overloaded) = tally(&results, &mut grants, &mut reasons);
                 if measuring {
-                    s.add(Stats {
-                        reasons,
-                        ..Stats::default()
-                    });
                     let _ = h.record(t0.elapsed().as_micros() as u64);
-                    s.decisions += ok;
-                    s.refused += refused;
-                    s.overloaded += overloaded;
+                    tally(&results, &mut grants, &mut s);
+                } else {
+                    tally(&results, &mut grants, &mut Stats::default());
                 }
             }
             Err(_) if measuring => s.errors += 1,
@@ -510,10 +498,7 @@ async fn open_loop(c: &Cluster, a: &Args, k: usize, every: Duration) -> (Stats, 
         }
         match r {
             Ok(results) => {
-                let (ok, refused, overloaded) = tally(&results, &mut Vec::new(), &mut s.reasons);
-                s.decisions += ok;
-                s.refused += refused;
-                s.overloaded += overloaded;
+                tally(&results, &mut Vec::new(), &mut s);
                 let _ = h.record(took.as_micros() as u64);
             }
             Err(_) => s.errors += 1,
@@ -532,9 +517,12 @@ async fn clients_of(c: &Cluster, n: usize) -> Vec<AllocatorClient<Channel>> {
     v
 }
 
-/// A table row and the phase's refused items by reason.
+/// A table row, and the line listing the phase's refused items by reason.
 fn row_of(name: &str, s: &Stats, entries: f64, secs: u64, base: f64) -> (String, String) {
-    (row(name, s, entries, secs, base), s.reasons())
+    (
+        row(name, s, entries, secs, base),
+        format!("* {name}: {}", s.reasons()),
+    )
 }
 
 fn row(name: &str, s: &Stats, entries: f64, secs: u64, base: f64) -> String {
@@ -548,8 +536,8 @@ fn row(name: &str, s: &Stats, entries: f64, secs: u64, base: f64) -> String {
         h.value_at_quantile(0.50) as f64 / 1000.0,
         h.value_at_quantile(0.99) as f64 / 1000.0,
         h.max() as f64 / 1000.0,
-        s.refused,
-        s.overloaded,
+        s.refused(),
+        s.overloaded(),
         s.errors,
     )
 }
@@ -626,8 +614,7 @@ async fn main() {
     }
     println!();
     println!("Refused items by reason (first message seen):");
-    for (r, why) in &rows {
-        let phase = r.split(" | ").next().unwrap_or("").trim_start_matches("| ");
-        println!("* {phase}: {why}");
+    for (_, why) in &rows {
+        println!("{why}");
     }
 }

@@ -1045,6 +1045,7 @@ pub fn table(r: &Report) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use allot_proto::envoy::service::ratelimit::v3::RateLimitRequest;
 
     /// The share of the lines of a URI file whose tenant is one of the `top` most popular
     /// (`t0` … `t{top-1}`), and the number of distinct tenants in it.
@@ -1070,7 +1071,6 @@ mod tests {
         };
         (share, seen.len())
     }
-    use allot_proto::envoy::service::ratelimit::v3::RateLimitRequest;
 
     #[test]
     fn a_grpc_body_is_the_flag_the_length_and_the_message() {
