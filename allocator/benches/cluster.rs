@@ -23,6 +23,11 @@
 //! 5. `overload`: open loop at `--overload` times phase 3's rate (Batch calls with a 200 ms
 //!    deadline, started on a fixed schedule whether or not earlier ones returned): goodput,
 //!    decisions committed per second, must stay near the capacity.
+//!
+//! Options: `--clients`, `--secs`, `--warmup-secs`, `--batch`, `--overload`, `--rate`; the group
+//! commit's `--queue-items`, `--entry-items`, `--in-flight`, `--window-us`; `--snapshot-every`
+//! Raft entries between snapshots (`RaftTimings::default()` otherwise). The nodes run on the
+//! allocator binary's global allocator (`allot_allocator::heap::ProcessAllocator`).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -55,6 +60,10 @@ descriptors:
       lease: {ttl_ms: 5000, max_grant: 10, max_drift_ms: 500}
 ";
 
+/// The allocator binary's global allocator, so that the nodes here run as they do there.
+#[global_allocator]
+static GLOBAL: allot_allocator::heap::ProcessAllocator = allot_allocator::heap::PROCESS_ALLOCATOR;
+
 /// One token, microtokens.
 const T: u64 = 1_000_000;
 
@@ -69,6 +78,7 @@ struct Args {
     overload: u64,
     rate: u64,
     commit: GroupCommitConfig,
+    timings: RaftTimings,
 }
 
 fn args() -> Args {
@@ -80,6 +90,7 @@ fn args() -> Args {
         overload: 2,
         rate: 20_000,
         commit: GroupCommitConfig::default(),
+        timings: RaftTimings::default(),
     };
     let argv: Vec<String> = std::env::args().collect();
     let mut i = 1;
@@ -97,6 +108,7 @@ fn args() -> Args {
             ("--in-flight", Some(v)) => a.commit.max_in_flight = v.max(1) as usize,
             ("--entry-items", Some(v)) => a.commit.max_entry_items = v.max(1) as usize,
             ("--window-us", Some(v)) => a.commit.window = Duration::from_micros(v),
+            ("--snapshot-every", Some(v)) => a.timings.snapshot_every_logs = v.max(1),
             _ => {
                 i += 1;
                 continue;
@@ -121,7 +133,7 @@ struct Cluster {
 }
 
 impl Cluster {
-    async fn start(commit: Option<GroupCommitConfig>) -> Cluster {
+    async fn start(commit: Option<GroupCommitConfig>, timings: &RaftTimings) -> Cluster {
         let dir = tempfile::tempdir().expect("temporary directory");
         let mut listeners = BTreeMap::new();
         let mut members = BTreeMap::new();
@@ -138,7 +150,7 @@ impl Cluster {
                     advertise_addr: members[&id].clone(),
                     data_dir: dir.path().join(format!("node-{id}")),
                     cluster_name: "bench".into(),
-                    timings: RaftTimings::default(),
+                    timings: timings.clone(),
                 },
                 members: members.clone(),
                 init: id == 1,
@@ -546,7 +558,7 @@ fn row(name: &str, s: &Stats, entries: f64, secs: u64, base: f64) -> String {
 async fn main() {
     let a = args();
     let mut rows = Vec::new();
-    let c = Cluster::start(None).await;
+    let c = Cluster::start(None, &a.timings).await;
     let (base, entries) = closed_loop(&c, &a, None).await;
     c.shutdown().await;
     let base_rate = (base.decisions as f64 / a.secs as f64).max(1.0);
@@ -558,7 +570,7 @@ async fn main() {
         base_rate,
     ));
 
-    let c = Cluster::start(Some(a.commit.clone())).await;
+    let c = Cluster::start(Some(a.commit.clone()), &a.timings).await;
     let (s, entries) = closed_loop(&c, &a, None).await;
     c.shutdown().await;
     rows.push(row_of(
@@ -569,7 +581,7 @@ async fn main() {
         base_rate,
     ));
 
-    let c = Cluster::start(Some(a.commit.clone())).await;
+    let c = Cluster::start(Some(a.commit.clone()), &a.timings).await;
     let (s, entries) = closed_loop(&c, &a, Some(a.batch)).await;
     c.shutdown().await;
     let capacity = s.decisions as f64 / a.secs as f64;
@@ -578,7 +590,7 @@ async fn main() {
 
     // A given load on the schedule of `rate` decisions/s, in calls of `batch` items.
     let every = Duration::from_secs_f64(a.batch as f64 / a.rate as f64);
-    let c = Cluster::start(Some(a.commit.clone())).await;
+    let c = Cluster::start(Some(a.commit.clone()), &a.timings).await;
     let (s, entries) = open_loop(&c, &a, a.batch, every).await;
     c.shutdown().await;
     let name = format!(
@@ -591,7 +603,7 @@ async fn main() {
     // Offered: `overload` × capacity, in calls of `batch` items on a fixed schedule.
     let calls_per_s = (capacity * a.overload as f64 / a.batch as f64).max(1.0);
     let every = Duration::from_secs_f64(1.0 / calls_per_s);
-    let c = Cluster::start(Some(a.commit.clone())).await;
+    let c = Cluster::start(Some(a.commit.clone()), &a.timings).await;
     let (s, entries) = open_loop(&c, &a, a.batch, every).await;
     eprintln!("after the overload phase: {}", c.health());
     c.shutdown().await;
@@ -604,8 +616,8 @@ async fn main() {
     rows.push(row_of(&name, &s, entries, a.secs, base_rate));
 
     println!(
-        "3 nodes, loopback, sled fsync per append; {} clients, {} s measured after {} s warm-up; group commit {:?}",
-        a.clients, a.secs, a.warmup_secs, a.commit
+        "3 nodes, loopback, sled fsync per append; {} clients, {} s measured after {} s warm-up; group commit {:?}; snapshot every {} entries",
+        a.clients, a.secs, a.warmup_secs, a.commit, a.timings.snapshot_every_logs
     );
     println!("| phase | committed decisions/s | vs unbatched | Raft entries/s | decisions per entry | calls | p50 ms | p99 ms | max ms | refused items | failed calls |");
     println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");

@@ -1,24 +1,26 @@
-//! How the allocator's process uses glibc's heap (issue 13 item 3).
+//! How the allocator's process uses its heap (issue 9 item 3, issue 13 item 3).
 //!
-//! glibc gives threads heaps of their own (arenas, up to eight per core) so that they do not
-//! wait on each other's allocations; each keeps its own free pages. The ledger is changed by
-//! whichever runtime thread applies the next entry, so it ended up spread over several arenas,
-//! each partly used. `allot-bench memory --part leased` at 100,000 keys (docs/benchmarks.md,
-//! 2026-12-05, median of three rounds): 2,124 bytes a key (1,897–2,129) with the default
-//! arenas, 1,408 (1,396–1,653) with two ([`limit_arenas`]); single rounds with one arena gave
-//! 1,363. The ledger's own heap is 1,272 bytes a key (`ledger::tests_memory`). Small
-//! allocations mostly come from each thread's cache without taking an arena's lock, so two
-//! arenas cost the runtime's two worker threads little.
+//! **mimalloc, not glibc's allocator** ([`ProcessAllocator`], installed by `allot-allocator`'s
+//! `main` and by the cluster benchmark). Under a flood of Batch calls glibc's allocator took a
+//! third of the process's CPU (`_int_malloc`, `malloc_consolidate`, `unlink_chunk`: the heap
+//! fragmented by tens of thousands of in-flight messages of every size), and goodput collapsed
+//! to a tenth to a fifth of capacity. Measured with `cargo bench -p allot-allocator --bench
+//! cluster` (docs/benchmarks.md, 2026-12-06, two runs each): committed decisions/s in Batch
+//! calls 32,845–32,922 with glibc, 49,818–56,966 with mimalloc (jemalloc, preloaded: about
+//! 60,000); goodput at twice capacity 3,216–6,067/s with glibc, 15,984–28,726/s with mimalloc.
+//! The price is memory: at 100,000 keys with live allocations (`allot-bench memory --part
+//! leased`, median of three rounds) 1,724 bytes a key against glibc's 1,418 (the target is
+//! 2,000), and 61 MB resident at start-up against 14 MB (mimalloc reserves its arenas eagerly;
+//! `MIMALLOC_ARENA_EAGER_COMMIT=0` in the environment gave 36 MB and 1,558 bytes a key in one
+//! round). jemalloc (2,634) and mimalloc 2.0 (3,218) missed the per-key target.
 //!
-//! `free` hands memory back to the system only from the top of a heap; whole pages freed in
-//! the middle stay resident until reused, and the allocator frees there often (Raft entries,
-//! RPC buffers and decoded batches live for one command; a snapshot frees a copy of the whole
-//! state). `malloc_trim` returns them: after each snapshot and once every [`RELEASE_EVERY`], so
-//! freed pages stay resident for one period at most. Its effect on the leased figure was within
-//! that figure's spread (2,311 → 2,124 bytes a key, ranges overlapping). Cost, measured on a
-//! ledger of 100,000 keys: 6 ms the first time, 30–40 µs when little was freed since, 70 ms
-//! after 127 MB was freed (the pages handed back); a page handed back and used again costs a
-//! page fault.
+//! glibc's allocator still serves code linked without the global allocator (the crate's tests,
+//! simulations that embed nodes). For those, `free` hands memory back to the system only from
+//! the top of a heap, and whole pages freed in the middle stay resident until reused;
+//! [`release_free_memory`] (`malloc_trim`) returns them after each snapshot and once every
+//! [`RELEASE_EVERY`]. Cost on a 100,000-key ledger under glibc: 6 ms the first time, 30–40 µs
+//! when little was freed since, 70 ms after 127 MB was freed. Under mimalloc it finds almost
+//! nothing to do (mimalloc purges freed pages itself, after a delay).
 
 use std::time::Duration;
 
@@ -27,22 +29,16 @@ use tokio::time::MissedTickBehavior;
 
 use crate::raft::Flush;
 
+/// The global allocator of the allocator's binaries (`allot-allocator`, the cluster benchmark):
+/// mimalloc, installed with `#[global_allocator] static A: ProcessAllocator = PROCESS_ALLOCATOR;`
+/// (see the module docs for why not glibc's).
+pub type ProcessAllocator = mimalloc::MiMalloc;
+
+/// The value of [`ProcessAllocator`] to install.
+pub const PROCESS_ALLOCATOR: ProcessAllocator = mimalloc::MiMalloc;
+
 /// How often a node hands its free heap pages back to the system.
 pub const RELEASE_EVERY: Duration = Duration::from_secs(1);
-
-/// Most heaps (arenas) glibc gives the process's threads: the main thread's and one shared by
-/// the others (see the module docs).
-pub const MAX_ARENAS: i32 = 2;
-
-/// Limits glibc to [`MAX_ARENAS`] heaps (elsewhere a no-op). Call it first thing in `main`,
-/// before any thread is started: arenas made before it are kept.
-pub fn limit_arenas() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: mallopt only sets a parameter of the allocator; it takes no pointer.
-    unsafe {
-        libc::mallopt(libc::M_ARENA_MAX, MAX_ARENAS);
-    }
-}
 
 /// Hands every whole free page of the allocator's heaps back to the system (glibc; elsewhere a
 /// no-op).

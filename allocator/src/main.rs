@@ -189,9 +189,11 @@ fn resolve(cli: Cli, file: FileConfig, advertise: String) -> Result<DaemonConfig
     Ok(config)
 }
 
+/// mimalloc, not glibc's allocator: see `allot_allocator::heap`.
+#[global_allocator]
+static GLOBAL: allot_allocator::heap::ProcessAllocator = allot_allocator::heap::PROCESS_ALLOCATOR;
+
 fn main() -> ExitCode {
-    // Before the runtime starts any thread: the limit applies to arenas made afterwards.
-    allot_allocator::heap::limit_arenas();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
