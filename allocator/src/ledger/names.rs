@@ -8,9 +8,10 @@
 //! compares, orders and hashes as its string.
 
 use super::{KeyId, KeyState, Ledger};
+use imbl::OrdMap;
 use serde::{Deserialize, Serialize};
 use std::borrow::Borrow;
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 use std::fmt;
 use std::ops::Deref;
 use std::sync::Arc;
@@ -186,7 +187,7 @@ impl Name {
 
 /// `kid` as the key table holds it (its shared rule id and bytes), else with its rule id
 /// interned.
-fn shared_kid(keys: &BTreeMap<KeyId, Box<KeyState>>, names: &mut Names, kid: KeyId) -> KeyId {
+fn shared_kid(keys: &OrdMap<KeyId, Box<KeyState>>, names: &mut Names, kid: KeyId) -> KeyId {
     match keys.get_key_value(&kid) {
         Some((k, _)) => k.clone(),
         None => (names.intern(&kid.0), kid.1),
@@ -215,12 +216,17 @@ impl Ledger {
                 ((names.intern(&rule), key), ks)
             })
             .collect();
-        for a in self.allocations.values_mut() {
-            let kid = shared_kid(&self.keys, names, (a.rule_id.clone(), a.key.clone()));
-            (a.rule_id, a.key) = kid;
-            a.region = names.intern(&a.region);
-            a.holder = names.intern(&a.holder);
-        }
+        let allocations = std::mem::take(&mut self.allocations);
+        self.allocations = allocations
+            .into_iter()
+            .map(|(id, mut a)| {
+                let kid = shared_kid(&self.keys, names, (a.rule_id.clone(), a.key.clone()));
+                (a.rule_id, a.key) = kid;
+                a.region = names.intern(&a.region);
+                a.holder = names.intern(&a.holder);
+                (id, a)
+            })
+            .collect();
         let demands = std::mem::take(&mut self.demands);
         self.demands = demands
             .into_iter()

@@ -152,7 +152,7 @@ pub(super) struct KeyIndex {
 
 impl KeyIndex {
     /// The index of `keys` and `demands` as they are.
-    pub(super) fn of(keys: &BTreeMap<KeyId, Box<KeyState>>, asks: u64) -> KeyIndex {
+    pub(super) fn of(keys: &imbl::OrdMap<KeyId, Box<KeyState>>, asks: u64) -> KeyIndex {
         let mut ix = KeyIndex {
             asks,
             ..KeyIndex::default()

@@ -106,9 +106,12 @@ fn before_with_served_decisions() -> Vec<u8> {
     let mut out = Vec::new();
     for part in [&BEFORE[..first], &BEFORE[first..]] {
         let mut l = Ledger::restore(part).expect("restores");
-        let asks = l.demands.values_mut().filter_map(|m| m.get_mut("gw4"));
+        let ids: Vec<_> = l.demands.keys().cloned().collect();
         let mut patched = 0;
-        for x in asks {
+        for id in &ids {
+            let Some(x) = l.demands.get_mut(id).and_then(|m| m.get_mut("gw4")) else {
+                continue;
+            };
             assert_eq!((x.want, x.demand_per_s), (T, 0), "the fixture's Decide");
             (x.want, x.demand_per_s) = (0, T / 2);
             patched += 1;
@@ -177,4 +180,61 @@ fn a_restored_ledger_shares_its_names_between_tables() {
             assert!(th.is_shared_with(h) && tid.is_shared_with(id));
         }
     }
+}
+
+/// A snapshot's copy (`snapshot_copy`, whose tables share their nodes with the ledger's)
+/// encodes as the ledger did when it was taken, whatever the ledger applies afterwards; and the
+/// ledger goes on exactly as one of which no copy was taken. Hundreds of keys, so each table
+/// is a tree of several levels and later writes copy shared nodes at every level.
+#[test]
+fn a_snapshot_copy_keeps_the_state_of_its_time_while_the_ledger_goes_on() {
+    // Keys: with sixteen entries a node, three levels of nodes in every table.
+    const N: u64 = 800;
+    let cmd = |i: u64| {
+        let (region, holder) = [("eu-west", "gw1"), ("us-east", "gw2")][i as usize % 2];
+        acquire(&format!("t{i}"), region, holder, (T, 0), &format!("r{i}"))
+    };
+    let (mut l, mut twin) = (ledger(REGIONAL), ledger(REGIONAL));
+    for i in 0..N {
+        assert_eq!(l.apply_at(&cmd(i), T0 + i), twin.apply_at(&cmd(i), T0 + i));
+    }
+    let at_copy = l.snapshot();
+    let copy = l.snapshot_copy();
+    assert_eq!(copy.snapshot(), at_copy, "the copy encodes as the ledger");
+    // Reports on the copy's youngest allocations, new keys, an expiry of everything, then new
+    // grants.
+    let later = (N - 199..=N)
+        .map(|id| {
+            let holder = if id % 2 == 1 { "gw1" } else { "gw2" };
+            let report = Command::Report {
+                allocation_id: id,
+                epoch: id,
+                holder: holder.into(),
+                cumulative_spend: T / 2,
+            };
+            (report, T0 + N)
+        })
+        .chain((N..2 * N).map(|i| (cmd(i), T0 + i)))
+        .chain([(Command::Tick, T0 + 60_000)])
+        .chain((0..300u64).map(|i| (cmd(i), T0 + 60_001 + i)));
+    let mut reported = 0;
+    for (c, at) in later {
+        let r = l.apply_at(&c, at);
+        reported += usize::from(matches!(r, Response::Reported { .. }));
+        assert_eq!(r, twin.apply_at(&c, at));
+    }
+    assert_eq!(
+        reported, 200,
+        "the reports changed allocations the copy holds"
+    );
+    assert_eq!(copy.snapshot(), at_copy, "later writes left the copy alone");
+    assert_eq!(l.snapshot(), twin.snapshot(), "the copy changed nothing");
+    assert_ne!(l.snapshot(), at_copy);
+    l.check_invariants().expect("invariants");
+    drop(copy);
+    assert_eq!(
+        l.apply_at(&cmd(2 * N + 1), T0 + 70_000),
+        twin.apply_at(&cmd(2 * N + 1), T0 + 70_000)
+    );
+    assert_eq!(l.snapshot(), twin.snapshot());
 }

@@ -63,11 +63,22 @@ fn heap_per_leased_key() {
     let per = |x: i64| x as f64 / keys as f64;
     println!("ledger heap: {:.0} B/key ({total} B)", per(total));
     let at = heap_in_use();
+    let t = std::time::Instant::now();
     let copy = l.clone();
-    println!("a clone: {:.0} B/key", per(heap_in_use() - at));
+    let clone_t = t.elapsed();
+    println!("a clone: {:.0} B/key, {clone_t:?}", per(heap_in_use() - at));
+    let t = std::time::Instant::now();
+    drop(copy);
+    println!("its drop: {:?}", t.elapsed());
+    // What the state machine takes for a snapshot, while every apply waits for it.
+    let t = std::time::Instant::now();
+    let copy = l.snapshot_copy();
+    println!("a snapshot's copy: {:?}", t.elapsed());
     drop(copy);
     let at = heap_in_use();
+    let t = std::time::Instant::now();
     let bytes = l.snapshot();
+    println!("encode: {:?}", t.elapsed());
     println!(
         "its snapshot: {:.0} B/key encoded, {:.0} B/key heap",
         bytes.len() as f64 / keys as f64,

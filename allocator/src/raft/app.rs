@@ -44,6 +44,13 @@ pub trait App: Default + Clone + Send + Sync + 'static {
     /// Serialises the whole state (bincode 2) for a Raft snapshot.
     fn snapshot(&self) -> Vec<u8>;
 
+    /// A copy from which [`App::snapshot`] gives the same bytes as from `self`, taken while
+    /// the state machine applies nothing (`get_snapshot_builder`): it should be cheap, since
+    /// every apply waits for it. Only `snapshot` is called on it. The default is a clone.
+    fn snapshot_copy(&self) -> Self {
+        self.clone()
+    }
+
     /// Rebuilds the state from [`App::snapshot`] bytes.
     ///
     /// # Errors

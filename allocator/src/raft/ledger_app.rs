@@ -31,6 +31,11 @@ impl App for Ledger {
         }
     }
 
+    /// O(1) in the number of keys: the large tables are copy-on-write (see [`Ledger`]).
+    fn snapshot_copy(&self) -> Self {
+        Ledger::snapshot_copy(self)
+    }
+
     fn restore(bytes: &[u8]) -> Result<Self, AppError> {
         let corrupt = |e: bincode::error::DecodeError| AppError::CorruptSnapshot(e.to_string());
         let (mut l, read): (Ledger, usize) = decode_prefix(bytes).map_err(corrupt)?;
