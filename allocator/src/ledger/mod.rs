@@ -35,6 +35,7 @@ mod fair_share;
 mod handoff;
 mod invariants;
 mod names;
+mod persistent;
 mod policy;
 mod rates;
 mod settle;
@@ -65,12 +66,12 @@ pub use types::{
 use allot_common::algorithm::{AlgorithmKind, LimitParams, LimitState};
 use allot_common::config::DomainConfig;
 use allot_common::units::{millis_to_nanos, Micros};
-use imbl::{OrdMap, OrdSet, Vector};
+use imbl::{OrdMap, OrdSet};
 use names::Names;
 use serde::{Deserialize, Serialize};
 use small_map::SmallMap;
 use sorted_deque::SortedDeque;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 /// How long an Acquire or Decide answer is kept for retries with the same request id, in ms.
 pub const REQUEST_RETENTION_MS: u64 = 10 * 60 * 1000;
@@ -266,34 +267,41 @@ pub struct Ledger {
     #[serde(skip)]
     parsed: BTreeMap<String, DomainConfig>,
     shares: BTreeMap<String, PolicyShares>,
-    /// The tables that grow with keys, allocations and requests are imbl's persistent
-    /// collections (B-trees `OrdMap` and `OrdSet`, the RRB `Vector`): cloning one is O(1) (its
-    /// root shared), and a node is copied only when written while shared. A snapshot's copy
-    /// ([`Ledger::snapshot_copy`]) is then taken in microseconds, where a deep copy held the
-    /// state machine, and with it every apply, for ~1.5 µs per key (150 ms at 100,000 keys,
-    /// `tests_memory`) on every node at every snapshot. Same serde form as the std collections
-    /// they replaced (a map, a sequence), so snapshots decode alike (`tests_encoding`).
+    /// The tables that grow with keys, allocations and requests are imbl's persistent B-trees
+    /// (`OrdMap`, `OrdSet`): cloning one is O(1) (its root shared), and a node is copied only
+    /// when written while shared. A snapshot's copy ([`Ledger::snapshot_copy`]) then copies
+    /// only the capped FIFO indexes (`ended`, `request_times`) and the admin answers: 2.4 ms at
+    /// 100,000 leased keys, where a deep copy held the state machine, and with it every apply,
+    /// for ~1.5 µs per key (150 ms; `tests_memory`) on every node at every snapshot. Same
+    /// serde form as the std collections they replaced (a map, a sequence), so snapshots
+    /// decode alike (`tests_encoding`), and decoded through them (`persistent`).
     ///
     /// Boxed, as are the allocations: a B-tree node holds sixteen slots and is often half
-    /// full, so an inline value would cost its size about twice.
+    /// full, so an inline value would cost its size about twice. While a snapshot's copy
+    /// shares a node, the first write to it copies its boxed values too.
+    #[serde(deserialize_with = "persistent::map")]
     keys: OrdMap<KeyId, Box<KeyState>>,
     /// Live allocations and ended ones not yet forgotten.
+    #[serde(deserialize_with = "persistent::map")]
     allocations: OrdMap<u64, Box<Allocation>>,
     /// Live allocations by (dead_at_ms, id).
+    #[serde(deserialize_with = "persistent::set")]
     deadlines: OrdSet<(u64, u64)>,
     /// Ended allocations by (ended at ms, id), oldest first (ledger time never goes back).
-    ended: Vector<(u64, u64)>,
+    /// A ring buffer, copied with a snapshot: at most [`MAX_ENDED_KEPT`] entries of 16 B.
+    ended: VecDeque<(u64, u64)>,
     next_id: u64,
     /// Recent asks per (key, region): holder → ask, for fair division.
+    #[serde(deserialize_with = "persistent::map")]
     demands: OrdMap<(KeyId, Name), SmallMap<Name, division::Ask>>,
     /// (holder, request id) → (time, answer). Boxed: the request ids of one holder often
     /// grow with time, so the B-tree's nodes stay about half full.
+    #[serde(deserialize_with = "persistent::map")]
     requests: OrdMap<(Name, Name), Box<(u64, Response)>>,
     /// (time, holder, request id) of `requests`, oldest first; the same two names, shared.
-    /// The one large table a snapshot's copy copies (a ring buffer: 40 B an entry where a
-    /// B-tree took about 100), so at most [`MAX_REMEMBERED_REQUESTS`] entries, ~1 ms; imbl's
-    /// vector in its place copied chunks on insertion (a sixth of the allocator's CPU under
-    /// overload in a profile).
+    /// A ring buffer (40 B an entry where a B-tree took about 100), copied with a snapshot:
+    /// at most [`MAX_REMEMBERED_REQUESTS`] entries. imbl's `Vector` in its place copied
+    /// chunks on insertion (a sixth of the allocator's CPU under overload in a profile).
     request_times: SortedDeque<(u64, Name, Name)>,
     /// Admin write answers by client request id (`admin`).
     admin: admin::AdminRequests,
@@ -435,13 +443,14 @@ impl Ledger {
         self.incarnation
     }
 
-    /// A copy for a Raft snapshot, O(1) in the number of keys: the tables a snapshot carries
-    /// share their nodes with this ledger's (copy-on-write, see the fields; the time index of
-    /// remembered answers, capped, is copied), and the node-local
-    /// ones (parsed policies, indexes, statistics, interned names) are left empty, since the
-    /// snapshot does not carry them. Only for encoding: [`Ledger::snapshot`]-equal bytes
-    /// (tested), not a ledger to apply commands to.
-    pub fn snapshot_copy(&self) -> Ledger {
+    /// A copy for a Raft snapshot, independent of the number of keys: the tables that grow
+    /// with keys share their nodes with this ledger's (copy-on-write, see the fields); the
+    /// capped indexes `ended` and `request_times` and the admin answers are copied (2.4 ms at
+    /// 100,000 remembered answers); the node-local tables (parsed policies, indexes,
+    /// statistics, interned names) are left empty, since the snapshot does not carry them.
+    /// Only for encoding ([`Ledger::snapshot`]-equal bytes, tested): commands applied to it
+    /// would find no policy.
+    pub(crate) fn snapshot_copy(&self) -> Ledger {
         Ledger {
             last_ms: self.last_ms,
             docs: self.docs.clone(),

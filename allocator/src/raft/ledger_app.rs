@@ -31,7 +31,7 @@ impl App for Ledger {
         }
     }
 
-    /// O(1) in the number of keys: the large tables are copy-on-write (see [`Ledger`]).
+    /// Independent of the number of keys: the large tables are copy-on-write (see [`Ledger`]).
     fn snapshot_copy(&self) -> Self {
         Ledger::snapshot_copy(self)
     }
@@ -171,6 +171,26 @@ mod tests {
                 Ledger::restore(bad),
                 Err(AppError::CorruptSnapshot(_))
             ));
+        }
+    }
+
+    /// A length prefix claiming 2^40 entries, in place of each of the ledger's leading fields
+    /// in turn (an empty ledger writes each as one zero byte): refused as corrupt, never an
+    /// attempt to reserve that many entries (imbl's own decoding would reserve them and abort
+    /// the process; `ledger::persistent`).
+    #[test]
+    fn a_forged_table_length_is_refused_not_allocated() {
+        let empty = Ledger::default().snapshot();
+        assert!(empty.len() > 14 && empty[..14].iter().all(|b| *b == 0));
+        for at in 0..14 {
+            let mut forged = vec![0u8; at];
+            // bincode's varint: 0xFD, then a little-endian u64.
+            forged.push(0xFD);
+            forged.extend_from_slice(&(1u64 << 40).to_le_bytes());
+            assert!(
+                matches!(Ledger::restore(&forged), Err(AppError::CorruptSnapshot(_))),
+                "a forged length at byte {at}"
+            );
         }
     }
 

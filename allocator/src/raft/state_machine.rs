@@ -132,15 +132,15 @@ struct SnapshotStore {
 
 impl SnapshotStore {
     /// Stores (`meta`, `data`) unless a snapshot of a later log id is already stored; durable
-    /// when it returns. Blocking file I/O.
-    fn store(&self, meta: &Meta, data: &[u8]) -> io::Result<()> {
+    /// when it returns. Whether it stored them. Blocking file I/O.
+    fn store(&self, meta: &Meta, data: &[u8]) -> io::Result<bool> {
         let mut stored = self.stored.lock();
         if matches!(*stored, Some(last) if last > meta.last_log_id) {
-            return Ok(());
+            return Ok(false);
         }
         self.file.replace(|w| write_stored(meta, data, w))?;
         *stored = Some(meta.last_log_id);
-        Ok(())
+        Ok(true)
     }
 
     /// The stored snapshot, if any. Blocking file I/O.
@@ -332,8 +332,8 @@ impl<A: App> SledStateMachine<A> {
 
 /// Builds snapshots from a copy of the state taken when the builder was created. The copy is
 /// [`App::snapshot_copy`], taken under the state lock while openraft applies nothing: for the
-/// ledger O(1) in its size (copy-on-write tables), where a deep copy stalled every apply on
-/// every node for ~1.5 µs per key at each snapshot. The encoding, the slow part, runs in
+/// ledger independent of its number of keys (copy-on-write tables; 2.4 ms at 100,000 keys),
+/// where a deep copy stalled every apply on every node for ~1.5 µs per key at each snapshot. The encoding, the slow part, runs in
 /// [`RaftSnapshotBuilder::build_snapshot`] without the lock and off the runtime's threads
 /// ([`Flush::off_runtime`]), so `apply` never waits for it (issue 10 item 1); meanwhile the
 /// ledger's writes copy the nodes they change instead of changing the copy's.
@@ -364,8 +364,8 @@ fn build_and_store<A: App>(
     };
     let app = copy.app.snapshot();
     drop(copy.app);
-    // The copy was as large as the state: hand its pages back to the system, or the process
-    // keeps the peak of two states as resident memory.
+    // The copy's own nodes (those the state replaced while it was encoded, and its copied
+    // indexes) are freed now: hand their pages back to the system.
     release_free_memory();
     let data = body_bytes(
         copy.last_applied,
@@ -374,14 +374,15 @@ fn build_and_store<A: App>(
         app,
     )
     .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), &e))?;
-    store
+    let stored = store
         .store(&meta, &data)
         .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), &e))?;
     tracing::info!(
         snapshot = %meta.snapshot_id,
         bytes = data.len(),
         build_ms = started.elapsed().as_millis() as u64,
-        "snapshot built and stored"
+        stored,
+        "snapshot built"
     );
     Ok(Snapshot {
         meta,
@@ -448,7 +449,7 @@ impl<A: App> RaftStateMachine<AllotRaft<A>> for SledStateMachine<A> {
 
     async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
         // A copy, not the encoding: openraft applies nothing until this returns, so the lock
-        // is held only for the (copy-on-write, microseconds) copy.
+        // is held only for the (mostly copy-on-write) copy.
         let started = std::time::Instant::now();
         let copy = self.state.read().copy();
         tracing::debug!(
@@ -645,9 +646,11 @@ mod tests {
             .expect("install");
         assert_eq!(dst.handle().read(|app| app.get("k", 160)), Some(2));
         // A stale snapshot stored later (e.g. by a slow builder) must not win on disk.
-        dst.store
+        let stored = dst
+            .store
             .store(&old.meta, &old.snapshot.into_inner())
             .expect("store");
+        assert!(!stored, "an older snapshot is not stored over a newer one");
         let current = dst
             .get_current_snapshot()
             .await
