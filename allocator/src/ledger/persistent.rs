@@ -1,5 +1,5 @@
-//! Decoding of the ledger's persistent tables (imbl's `OrdMap` and `OrdSet`, see [`super::Ledger`])
-//! through the std collections they replaced.
+//! Decoding of the ledger's persistent tables (imbl's `OrdMap` and `OrdSet`, see
+//! [`super::Ledger`]) through the std collections they replaced.
 //!
 //! imbl's own `Deserialize` first reserves a vector as long as the length the bytes claim, and
 //! bincode's serde path passes that length on unchecked: a damaged snapshot file or a forged

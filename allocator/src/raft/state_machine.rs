@@ -333,10 +333,11 @@ impl<A: App> SledStateMachine<A> {
 /// Builds snapshots from a copy of the state taken when the builder was created. The copy is
 /// [`App::snapshot_copy`], taken under the state lock while openraft applies nothing: for the
 /// ledger independent of its number of keys (copy-on-write tables; 2.4 ms at 100,000 keys),
-/// where a deep copy stalled every apply on every node for ~1.5 µs per key at each snapshot. The encoding, the slow part, runs in
-/// [`RaftSnapshotBuilder::build_snapshot`] without the lock and off the runtime's threads
-/// ([`Flush::off_runtime`]), so `apply` never waits for it (issue 10 item 1); meanwhile the
-/// ledger's writes copy the nodes they change instead of changing the copy's.
+/// where a deep copy stalled every apply on every node for ~1.5 µs per key at each snapshot.
+/// The encoding, the slow part, runs in [`RaftSnapshotBuilder::build_snapshot`] without the
+/// lock and off the runtime's threads ([`Flush::off_runtime`]), so `apply` never waits for it
+/// (issue 10 item 1); meanwhile the ledger's writes copy the nodes they change instead of
+/// changing the copy's.
 pub struct SledSnapshotBuilder<A> {
     store: Arc<SnapshotStore>,
     seq: u64,
