@@ -26,7 +26,9 @@
 //!
 //! Options: `--clients`, `--secs`, `--warmup-secs`, `--batch`, `--overload`, `--rate`; the group
 //! commit's `--queue-items`, `--entry-items`, `--in-flight`, `--window-us`; `--snapshot-every`
-//! Raft entries between snapshots (`RaftTimings::default()` otherwise). The nodes run on the
+//! Raft entries between snapshots (`RaftTimings::default()` otherwise); `--only at-rate` runs
+//! phase 4 alone, `--timeline-ms N` prints its calls per N ms of start time (count, p99, max),
+//! which shows a stall (a snapshot) apart from queueing. The nodes run on the
 //! allocator binary's global allocator (`allot_allocator::heap::ProcessAllocator`).
 
 use std::collections::BTreeMap;
@@ -79,6 +81,11 @@ struct Args {
     rate: u64,
     commit: GroupCommitConfig,
     timings: RaftTimings,
+    /// `--only at-rate`: run just phase 4 (no capacity phase, so no overload phase either).
+    only_at_rate: bool,
+    /// `--timeline-ms N`: print the at-rate phase's calls per N ms of start time (count, p99,
+    /// max), to tell periodic stalls from queueing.
+    timeline_ms: u64,
 }
 
 fn args() -> Args {
@@ -91,13 +98,21 @@ fn args() -> Args {
         rate: 20_000,
         commit: GroupCommitConfig::default(),
         timings: RaftTimings::default(),
+        only_at_rate: false,
+        timeline_ms: 0,
     };
     let argv: Vec<String> = std::env::args().collect();
     let mut i = 1;
     // `cargo bench` adds flags of its own (e.g. `--bench`); unknown ones are ignored.
     while i < argv.len() {
+        if argv[i] == "--only" && argv.get(i + 1).map(String::as_str) == Some("at-rate") {
+            a.only_at_rate = true;
+            i += 2;
+            continue;
+        }
         let next = argv.get(i + 1).and_then(|v| v.parse::<u64>().ok());
         match (argv[i].as_str(), next) {
+            ("--timeline-ms", Some(v)) => a.timeline_ms = v,
             ("--clients", Some(v)) => a.clients = v.max(1) as usize,
             ("--secs", Some(v)) => a.secs = v.max(1),
             ("--warmup-secs", Some(v)) => a.warmup_secs = v,
@@ -229,6 +244,9 @@ struct Stats {
     /// Refused items by the error item's reason (and the first message seen for it).
     reasons: BTreeMap<String, (u64, String)>,
     errors: u64,
+    /// Open-loop phases: every measured call's start (µs after the window opened) and latency
+    /// (µs), for `--timeline-ms`.
+    starts: Vec<(u64, u64)>,
 }
 
 impl Stats {
@@ -512,6 +530,8 @@ async fn open_loop(c: &Cluster, a: &Args, k: usize, every: Duration) -> (Stats, 
             Ok(results) => {
                 tally(&results, &mut Vec::new(), &mut s);
                 let _ = h.record(took.as_micros() as u64);
+                let at = (t0 - start_at).as_micros() as u64;
+                s.starts.push((at, took.as_micros() as u64));
             }
             Err(_) => s.errors += 1,
         }
@@ -519,6 +539,31 @@ async fn open_loop(c: &Cluster, a: &Args, k: usize, every: Duration) -> (Stats, 
     s.calls = Some(h);
     let entries = (last - first.unwrap_or(last)) as f64 / a.secs as f64;
     (s, entries)
+}
+
+/// The calls of an open-loop phase per `every_ms` of start time: count, p99 and max latency.
+fn print_timeline(s: &Stats, every_ms: u64) {
+    let mut buckets: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
+    for &(at, took) in &s.starts {
+        buckets
+            .entry(at / (every_ms * 1000))
+            .or_default()
+            .push(took);
+    }
+    println!("| start, ms | calls | p99 ms | max ms |");
+    println!("|---:|---:|---:|---:|");
+    for (b, mut v) in buckets {
+        v.sort_unstable();
+        let p99 = v[(v.len() * 99 / 100).min(v.len() - 1)];
+        let max = v[v.len() - 1];
+        println!(
+            "| {} | {} | {:.2} | {:.2} |",
+            b * every_ms,
+            v.len(),
+            p99 as f64 / 1000.0,
+            max as f64 / 1000.0
+        );
+    }
 }
 
 async fn clients_of(c: &Cluster, n: usize) -> Vec<AllocatorClient<Channel>> {
@@ -558,6 +603,14 @@ fn row(name: &str, s: &Stats, entries: f64, secs: u64, base: f64) -> String {
 async fn main() {
     let a = args();
     let mut rows = Vec::new();
+    if a.only_at_rate {
+        let s = at_rate(&a, 1.0, &mut rows).await;
+        print_rows(&a, &rows);
+        if a.timeline_ms > 0 {
+            print_timeline(&s, a.timeline_ms);
+        }
+        return;
+    }
     let c = Cluster::start(None, &a.timings).await;
     let (base, entries) = closed_loop(&c, &a, None).await;
     c.shutdown().await;
@@ -588,17 +641,7 @@ async fn main() {
     let name = format!("group commit, Batch of {} items", a.batch);
     rows.push(row_of(&name, &s, entries, a.secs, base_rate));
 
-    // A given load on the schedule of `rate` decisions/s, in calls of `batch` items.
-    let every = Duration::from_secs_f64(a.batch as f64 / a.rate as f64);
-    let c = Cluster::start(Some(a.commit.clone()), &a.timings).await;
-    let (s, entries) = open_loop(&c, &a, a.batch, every).await;
-    c.shutdown().await;
-    let name = format!(
-        "at rate: {} offered/s (open loop), {} ms deadlines",
-        a.rate,
-        CALL_DEADLINE.as_millis()
-    );
-    rows.push(row_of(&name, &s, entries, a.secs, base_rate));
+    let at_rate_stats = at_rate(&a, base_rate, &mut rows).await;
 
     // Offered: `overload` × capacity, in calls of `batch` items on a fixed schedule.
     let calls_per_s = (capacity * a.overload as f64 / a.batch as f64).max(1.0);
@@ -614,19 +657,41 @@ async fn main() {
         CALL_DEADLINE.as_millis()
     );
     rows.push(row_of(&name, &s, entries, a.secs, base_rate));
+    print_rows(&a, &rows);
+    if a.timeline_ms > 0 {
+        print_timeline(&at_rate_stats, a.timeline_ms);
+    }
+}
 
+/// Phase 4: a given load on the schedule of `rate` decisions/s, in calls of `batch` items;
+/// `base_rate` is the unbatched phase's decisions/s (1.0 when run alone, `--only at-rate`).
+async fn at_rate(a: &Args, base_rate: f64, rows: &mut Vec<(String, String)>) -> Stats {
+    let every = Duration::from_secs_f64(a.batch as f64 / a.rate as f64);
+    let c = Cluster::start(Some(a.commit.clone()), &a.timings).await;
+    let (s, entries) = open_loop(&c, a, a.batch, every).await;
+    c.shutdown().await;
+    let name = format!(
+        "at rate: {} offered/s (open loop), {} ms deadlines",
+        a.rate,
+        CALL_DEADLINE.as_millis()
+    );
+    rows.push(row_of(&name, &s, entries, a.secs, base_rate));
+    s
+}
+
+fn print_rows(a: &Args, rows: &[(String, String)]) {
     println!(
         "3 nodes, loopback, sled fsync per append; {} clients, {} s measured after {} s warm-up; group commit {:?}; snapshot every {} entries",
         a.clients, a.secs, a.warmup_secs, a.commit, a.timings.snapshot_every_logs
     );
     println!("| phase | committed decisions/s | vs unbatched | Raft entries/s | decisions per entry | calls | p50 ms | p99 ms | max ms | refused items | failed calls |");
     println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
-    for (r, _) in &rows {
+    for (r, _) in rows {
         println!("{r}");
     }
     println!();
     println!("Refused items by reason (first message seen):");
-    for (_, why) in &rows {
+    for (_, why) in rows {
         println!("{why}");
     }
 }

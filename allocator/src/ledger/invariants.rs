@@ -34,7 +34,8 @@ impl Ledger {
     ///   is the sum of its regions';
     /// * per policy Σ configured shares ≤ 100 %, and per key Σ regional parts held (effective
     ///   or reserved) ≤ 100 %;
-    /// * the idempotency cache and its time index hold the same entries;
+    /// * the idempotency cache and its time index hold as many entries (that they hold the
+    ///   same ones is [`Ledger::check_answer_index`], O(n log n), which tests call);
     /// * the key index (keys per rule, evictable keys by idle time, region and ask counts) is
     ///   exactly the one built from the keys, and a key is filed as evictable exactly when it
     ///   has no live allocation.
@@ -53,6 +54,32 @@ impl Ledger {
                 self.requests.len(),
                 self.request_times.len()
             ));
+        }
+        Ok(())
+    }
+
+    /// Checks that the time index of remembered answers is exactly their (time, holder,
+    /// request id), which a snapshot's copy rebuilds it from ([`Ledger::completed`]).
+    /// O(n log n) in the answers, so not part of [`Ledger::check_invariants`], which runs
+    /// after every apply in debug builds; tests call it.
+    ///
+    /// # Errors
+    /// [`InvariantError`] naming the first entry found without its answer.
+    pub fn check_answer_index(&self) -> Result<(), InvariantError> {
+        if self.requests.len() != self.request_times.len() {
+            return broken(format!(
+                "{} remembered answers but {} in the time index",
+                self.requests.len(),
+                self.request_times.len()
+            ));
+        }
+        for (at, holder, id) in self.request_times.iter() {
+            let remembered = self.requests.get(&(holder.clone(), id.clone()));
+            if remembered.map(|answer| answer.0) != Some(*at) {
+                return broken(format!(
+                    "time index entry ({at}, {holder}, {id}) is not a remembered answer's"
+                ));
+            }
         }
         Ok(())
     }

@@ -270,9 +270,10 @@ pub struct Ledger {
     /// The tables that grow with keys, allocations and requests are imbl's persistent B-trees
     /// (`OrdMap`, `OrdSet`): cloning one is O(1) (its root shared), and a node is copied only
     /// when written while shared. A snapshot's copy ([`Ledger::snapshot_copy`]) then copies
-    /// only the capped FIFO indexes (`ended`, `request_times`) and the admin answers: 2.4 ms at
-    /// 100,000 leased keys, where a deep copy held the state machine, and with it every apply,
-    /// for ~1.5 µs per key (150 ms; `tests_memory`) on every node at every snapshot. Same
+    /// only the capped index `ended` and the admin answers (the answers' time index is
+    /// rebuilt by its encoding), where a deep copy held the state machine, and with it every
+    /// apply, for ~1.5 µs per key (150 ms at 100,000 keys; `tests_memory`) on every node at
+    /// every snapshot. Same
     /// serde form as the std collections they replaced (a map, a sequence), so snapshots
     /// decode alike (`tests_encoding`), and decoded through them (`persistent`).
     ///
@@ -299,8 +300,9 @@ pub struct Ledger {
     #[serde(deserialize_with = "persistent::map")]
     requests: OrdMap<(Name, Name), Box<(u64, Response)>>,
     /// (time, holder, request id) of `requests`, oldest first; the same two names, shared.
-    /// A ring buffer (40 B an entry where a B-tree took about 100), copied with a snapshot:
-    /// at most [`MAX_REMEMBERED_REQUESTS`] entries. imbl's `Vector` in its place copied
+    /// A ring buffer (40 B an entry where a B-tree took about 100) of at most
+    /// [`MAX_REMEMBERED_REQUESTS`] entries, which a snapshot's copy leaves out and its
+    /// encoding rebuilds from `requests` ([`Ledger::completed`]). imbl's `Vector` in its place copied
     /// chunks on insertion (a sixth of the allocator's CPU under overload in a profile).
     request_times: SortedDeque<(u64, Name, Name)>,
     /// Admin write answers by client request id (`admin`).
@@ -445,11 +447,13 @@ impl Ledger {
 
     /// A copy for a Raft snapshot, independent of the number of keys: the tables that grow
     /// with keys share their nodes with this ledger's (copy-on-write, see the fields); the
-    /// capped indexes `ended` and `request_times` and the admin answers are copied (2.4 ms at
-    /// 100,000 remembered answers); the node-local tables (parsed policies, indexes,
-    /// statistics, interned names) are left empty, since the snapshot does not carry them.
-    /// Only for encoding ([`Ledger::snapshot`]-equal bytes, tested): commands applied to it
-    /// would find no policy.
+    /// capped index `ended` (16 B an entry) and the admin answers are copied; the time index of
+    /// remembered answers is left out, rebuilt by [`Ledger::completed`] off the lock (copying
+    /// its 100,000 entries, two shared names each, took 5–26 ms in the cluster bench while
+    /// every apply waited); the node-local tables (parsed policies, indexes, statistics,
+    /// interned names) are left empty, since the snapshot does not carry them. Only for
+    /// encoding ([`Ledger::snapshot`]-equal bytes, tested): commands applied to it would find
+    /// no policy.
     pub(crate) fn snapshot_copy(&self) -> Ledger {
         Ledger {
             last_ms: self.last_ms,
@@ -463,7 +467,7 @@ impl Ledger {
             next_id: self.next_id,
             demands: self.demands.clone(),
             requests: self.requests.clone(),
-            request_times: self.request_times.clone(),
+            request_times: SortedDeque::default(),
             admin: self.admin.clone(),
             violations: self.violations,
             index: tables::KeyIndex::default(),
@@ -471,6 +475,27 @@ impl Ledger {
             names: Names::default(),
             incarnation: self.incarnation,
         }
+    }
+
+    /// Whether every serialised table is here: false only for a [`Ledger::snapshot_copy`] of a
+    /// ledger remembering answers, until [`Ledger::completed`].
+    pub(crate) fn is_complete(&self) -> bool {
+        self.request_times.len() == self.requests.len()
+    }
+
+    /// This ledger with what [`Ledger::snapshot_copy`] left out rebuilt: the time index of
+    /// remembered answers, which is exactly their (time, holder, request id) in order
+    /// ([`Ledger::check_answer_index`]). O(n log n) in the answers; a complete ledger is
+    /// returned as it is.
+    pub(crate) fn completed(mut self) -> Ledger {
+        if !self.is_complete() {
+            self.request_times = self
+                .requests
+                .iter()
+                .map(|((holder, id), answer)| (answer.0, holder.clone(), id.clone()))
+                .collect();
+        }
+        self
     }
 
     /// Sets the incarnation a snapshot stored, `None` for a snapshot written before

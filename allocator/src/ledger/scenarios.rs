@@ -663,7 +663,7 @@ proptest::proptest! {
                 "granted {} tokens in {} ms", granted / T, elapsed
             );
             // Regional parts held ≤ 100 % per key, among the ledger's other invariants.
-            let checked = d.ledger.check_invariants();
+            let checked = d.ledger.check_invariants().and(d.ledger.check_answer_index());
             proptest::prop_assert!(checked.is_ok(), "{checked:?}");
         }
     }

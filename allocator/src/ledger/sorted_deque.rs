@@ -61,7 +61,6 @@ impl<T> SortedDeque<T> {
     }
 
     /// The entries in order.
-    #[cfg(test)]
     pub fn iter(&self) -> impl Iterator<Item = &T> {
         self.0.iter()
     }

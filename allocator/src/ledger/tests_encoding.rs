@@ -6,6 +6,7 @@
 
 use super::tests::{key, ledger, ACME, REGIONAL, T0};
 use super::*;
+use crate::raft::App;
 use allot_common::units::MICROS_PER_TOKEN as T;
 
 /// The snapshots written by the ledger before the change, from [`scenario`].
@@ -231,7 +232,15 @@ fn a_snapshot_copy_keeps_the_state_of_its_time_while_the_ledger_goes_on() {
     assert_eq!(l.violations().count, 1);
     let at_copy = l.snapshot();
     let copy = l.snapshot_copy();
+    assert!(
+        !copy.is_complete(),
+        "the copy leaves the answers' time index to its encoding"
+    );
     assert_eq!(copy.snapshot(), at_copy, "the copy encodes as the ledger");
+    // The state machine's encoding: `into_snapshot` on the copy, off its lock.
+    let raft_bytes = App::snapshot(&l);
+    assert_eq!(App::into_snapshot(copy.clone()), raft_bytes);
+    assert_eq!(App::snapshot(&copy), raft_bytes);
     let forget_all = T0 + REQUEST_RETENTION_MS.max(ENDED_RETENTION_MS) + 60_000;
     let later = (N - 199..=N)
         .map(|id| (settle(id, T / 2, false), T0 + N))
@@ -253,8 +262,18 @@ fn a_snapshot_copy_keeps_the_state_of_its_time_while_the_ledger_goes_on() {
         "the reports changed allocations the copy holds"
     );
     assert_eq!(copy.snapshot(), at_copy, "later writes left the copy alone");
+    assert_eq!(App::into_snapshot(copy.clone()), raft_bytes);
+    let restored = <Ledger as App>::restore(&raft_bytes).expect("the copy's snapshot decodes");
+    restored
+        .check_invariants()
+        .expect("a restored copy is whole");
+    restored
+        .check_answer_index()
+        .expect("its answers' time index is whole");
+    assert_eq!(restored.snapshot(), at_copy);
     assert_eq!(l.snapshot(), twin.snapshot(), "the copy changed nothing");
     l.check_invariants().expect("invariants");
+    l.check_answer_index().expect("the answers' time index");
     drop(copy);
     let last = cmd(2 * N + 1, "v");
     assert_eq!(

@@ -140,6 +140,7 @@ fn a_flood_of_request_ids_keeps_the_answer_cache_bounded() {
     }
     l.apply_at(&Command::Tick, T0 + total / 1_000);
     l.check_invariants().unwrap();
+    l.check_answer_index().unwrap();
     let u = usage(&l, TableKind::Requests);
     assert_eq!(u.entries, MAX_REMEMBERED_REQUESTS as u64);
     // Forgotten within their retention to keep the cap: counted.

@@ -46,9 +46,20 @@ pub trait App: Default + Clone + Send + Sync + 'static {
 
     /// A copy from which [`App::snapshot`] gives the same bytes as from `self`, taken while
     /// the state machine applies nothing (`get_snapshot_builder`): it should be cheap, since
-    /// every apply waits for it. Only `snapshot` is called on it. The default is a clone.
+    /// every apply waits for it, and may leave out what its encoding can rebuild. Only
+    /// [`App::into_snapshot`] (or `snapshot`) is called on it. The default is a clone.
     fn snapshot_copy(&self) -> Self {
         self.clone()
+    }
+
+    /// [`App::snapshot`]'s bytes, consuming the state: what the state machine calls on a
+    /// [`App::snapshot_copy`], off its lock and off the runtime's threads, so that what the
+    /// copy left out is rebuilt there without another copy. The default encodes `self`.
+    fn into_snapshot(self) -> Vec<u8>
+    where
+        Self: Sized,
+    {
+        self.snapshot()
     }
 
     /// Rebuilds the state from [`App::snapshot`] bytes.

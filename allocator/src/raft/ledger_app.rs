@@ -20,6 +20,11 @@ impl App for Ledger {
     /// added to the ledger would make every older snapshot undecodable, while bytes appended
     /// after it leave an older snapshot a valid prefix (read as "no incarnation").
     fn snapshot(&self) -> Vec<u8> {
+        if !self.is_complete() {
+            // A snapshot's copy, left without what it can rebuild: the same bytes as the
+            // ledger it was taken from.
+            return self.clone().into_snapshot();
+        }
         // Serialising plain data into a Vec cannot fail; an empty snapshot would be refused by
         // `restore` rather than silently installed.
         match (encode(self), encode(&self.stored_incarnation())) {
@@ -34,6 +39,11 @@ impl App for Ledger {
     /// Independent of the number of keys: the large tables are copy-on-write (see [`Ledger`]).
     fn snapshot_copy(&self) -> Self {
         Ledger::snapshot_copy(self)
+    }
+
+    /// Rebuilds what [`Ledger::snapshot_copy`] left out ([`Ledger::completed`]), then encodes.
+    fn into_snapshot(self) -> Vec<u8> {
+        self.completed().snapshot()
     }
 
     fn restore(bytes: &[u8]) -> Result<Self, AppError> {
