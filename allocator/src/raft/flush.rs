@@ -120,16 +120,20 @@ impl Flush {
 /// tree nodes and the unpurged log all along.
 pub const BACKGROUND_NICE: i32 = 10;
 
-/// Lowers the calling thread's CPU priority to [`BACKGROUND_NICE`]; on Linux a thread's nice
-/// value is its own. Best effort: a refusal leaves the thread at its priority.
+/// Lowers the calling thread's CPU priority to [`BACKGROUND_NICE`], never raises it (a thread
+/// starts at its creator's nice value, which a process started with `nice` has raised); on
+/// Linux a thread's nice value is its own. Best effort: a refusal leaves the thread as it was.
 fn lower_this_threads_priority() {
     #[cfg(target_os = "linux")]
-    // SAFETY: the gettid system call and setpriority take no pointers; setpriority on this
-    // thread's id changes only this thread's nice value. (The system call, not glibc's
-    // `gettid`, which needs glibc 2.30.)
+    // SAFETY: the gettid system call, getpriority and setpriority take no pointers; they read
+    // and change only this thread's nice value. (The system call, not glibc's `gettid`, which
+    // needs glibc 2.30.)
     unsafe {
-        let tid = libc::syscall(libc::SYS_gettid);
-        let _ = libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, BACKGROUND_NICE);
+        let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
+        // -1 is also getpriority's error value; for the calling thread it cannot fail, and a
+        // -1 read would only make the thread take BACKGROUND_NICE.
+        let now = libc::getpriority(libc::PRIO_PROCESS, tid);
+        let _ = libc::setpriority(libc::PRIO_PROCESS, tid, now.max(BACKGROUND_NICE));
     }
 }
 
@@ -154,7 +158,7 @@ mod tests {
             .in_background(move || (41 + 1, nice()))
             .await
             .expect("ran");
-        assert_eq!((value, niced), (42, BACKGROUND_NICE));
+        assert_eq!((value, niced), (42, before.max(BACKGROUND_NICE)));
         assert_eq!(nice(), before, "the caller's thread keeps its priority");
         let inline = Flush::Inline.in_background(|| 7).await.expect("ran");
         assert_eq!(inline, 7);
