@@ -48,6 +48,10 @@ impl Ledger {
         self.check_share_invariants()?;
         self.check_tables()?;
         self.check_calendar()?;
+        self.check_answer_count()
+    }
+
+    fn check_answer_count(&self) -> Result<(), InvariantError> {
         if self.requests.len() != self.request_times.len() {
             return broken(format!(
                 "{} remembered answers but {} in the time index",
@@ -66,13 +70,7 @@ impl Ledger {
     /// # Errors
     /// [`InvariantError`] naming the first entry found without its answer.
     pub fn check_answer_index(&self) -> Result<(), InvariantError> {
-        if self.requests.len() != self.request_times.len() {
-            return broken(format!(
-                "{} remembered answers but {} in the time index",
-                self.requests.len(),
-                self.request_times.len()
-            ));
-        }
+        self.check_answer_count()?;
         for (at, holder, id) in self.request_times.iter() {
             let remembered = self.requests.get(&(holder.clone(), id.clone()));
             if remembered.map(|answer| answer.0) != Some(*at) {

@@ -498,6 +498,16 @@ impl Ledger {
         self
     }
 
+    /// This ledger as a snapshot serialises it: itself when complete, else a completed clone
+    /// ([`Ledger::completed`]; a snapshot's copy, whose clone is cheap).
+    pub(crate) fn whole(&self) -> std::borrow::Cow<'_, Ledger> {
+        if self.is_complete() {
+            std::borrow::Cow::Borrowed(self)
+        } else {
+            std::borrow::Cow::Owned(self.clone().completed())
+        }
+    }
+
     /// Sets the incarnation a snapshot stored, `None` for a snapshot written before
     /// incarnations existed: a ledger that applied nothing then takes one at its first command
     /// as usual; any other is marked legacy for good. It cannot take one now: a replica

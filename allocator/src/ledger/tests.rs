@@ -7,14 +7,8 @@ impl Ledger {
     /// The state as bytes (bincode 2, as in a Raft snapshot), to compare states in tests.
     /// A snapshot's copy is completed first, as the state machine's encoding does.
     pub(super) fn snapshot(&self) -> Vec<u8> {
-        let whole;
-        let l = if self.is_complete() {
-            self
-        } else {
-            whole = self.clone().completed();
-            &whole
-        };
-        bincode::serde::encode_to_vec((l, l.incarnation), bincode::config::standard())
+        let l = self.whole();
+        bincode::serde::encode_to_vec((&*l, l.incarnation), bincode::config::standard())
             .expect("encodes")
     }
 

@@ -20,14 +20,11 @@ impl App for Ledger {
     /// added to the ledger would make every older snapshot undecodable, while bytes appended
     /// after it leave an older snapshot a valid prefix (read as "no incarnation").
     fn snapshot(&self) -> Vec<u8> {
-        if !self.is_complete() {
-            // A snapshot's copy, left without what it can rebuild: the same bytes as the
-            // ledger it was taken from.
-            return self.clone().into_snapshot();
-        }
+        // A snapshot's copy is completed first: the same bytes as the ledger it was taken from.
+        let l = self.whole();
         // Serialising plain data into a Vec cannot fail; an empty snapshot would be refused by
         // `restore` rather than silently installed.
-        match (encode(self), encode(&self.stored_incarnation())) {
+        match (encode(&*l), encode(&l.stored_incarnation())) {
             (Ok(mut bytes), Ok(tail)) => {
                 bytes.extend_from_slice(&tail);
                 bytes
