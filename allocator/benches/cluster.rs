@@ -26,7 +26,8 @@
 //!
 //! Options: `--clients`, `--secs`, `--warmup-secs`, `--batch`, `--overload`, `--rate`; the group
 //! commit's `--queue-items`, `--entry-items`, `--in-flight`, `--window-us`; `--snapshot-every`
-//! Raft entries between snapshots (`RaftTimings::default()` otherwise); `--only at-rate` runs
+//! Raft entries between snapshots (`RaftTimings::default()` otherwise), `--no-stagger` every
+//! voter building at the same index (openraft's own policy) instead of in turn; `--only at-rate` runs
 //! phase 4 alone, `--timeline-ms N` prints its calls per N ms of start time (count, p99, max),
 //! which shows a stall (a snapshot) apart from queueing. The nodes run on the
 //! allocator binary's global allocator (`allot_allocator::heap::ProcessAllocator`).
@@ -105,6 +106,11 @@ fn args() -> Args {
     let mut i = 1;
     // `cargo bench` adds flags of its own (e.g. `--bench`); unknown ones are ignored.
     while i < argv.len() {
+        if argv[i] == "--no-stagger" {
+            a.timings.stagger_snapshots = false;
+            i += 1;
+            continue;
+        }
         if argv[i] == "--only" && argv.get(i + 1).map(String::as_str) == Some("at-rate") {
             a.only_at_rate = true;
             i += 2;
@@ -681,8 +687,17 @@ async fn at_rate(a: &Args, base_rate: f64, rows: &mut Vec<(String, String)>) -> 
 
 fn print_rows(a: &Args, rows: &[(String, String)]) {
     println!(
-        "3 nodes, loopback, sled fsync per append; {} clients, {} s measured after {} s warm-up; group commit {:?}; snapshot every {} entries",
-        a.clients, a.secs, a.warmup_secs, a.commit, a.timings.snapshot_every_logs
+        "3 nodes, loopback, sled fsync per append; {} clients, {} s measured after {} s warm-up; group commit {:?}; snapshot every {} entries{}",
+        a.clients,
+        a.secs,
+        a.warmup_secs,
+        a.commit,
+        a.timings.snapshot_every_logs,
+        if a.timings.stagger_snapshots {
+            ", voters in turn"
+        } else {
+            ", all voters at once (--no-stagger)"
+        }
     );
     println!("| phase | committed decisions/s | vs unbatched | Raft entries/s | decisions per entry | calls | p50 ms | p99 ms | max ms | refused items | failed calls |");
     println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");

@@ -162,6 +162,7 @@ fn resolve(cli: Cli, file: FileConfig, advertise: String) -> Result<DaemonConfig
             .snapshot_every_logs
             .or(t.snapshot_every_logs)
             .unwrap_or(defaults.snapshot_every_logs),
+        stagger_snapshots: t.stagger_snapshots.unwrap_or(defaults.stagger_snapshots),
         logs_kept_after_snapshot: t
             .logs_kept_after_snapshot
             .unwrap_or(defaults.logs_kept_after_snapshot),

@@ -3,6 +3,7 @@
 //! - `suite`: openraft's storage conformance suite on the sled log store and state machine.
 //! - `failover`: the Raft layer with a test app on a 3-node loopback cluster: commit, leader
 //!   failover, whole-cluster restart, snapshot install.
+//! - `snapshots`: voters build their snapshots in turn, never two at the same index.
 //! - `ledger_failover`: the real ledger through the gRPC API on a 3-node cluster: grants
 //!   commit, leader killed under load, B + r·t, stale epochs, whole-cluster restart.
 //! - `redirect`: follower forwarding and leader hints; bad input gets precise codes and changes
@@ -26,6 +27,9 @@ mod suite;
 
 #[path = "cluster/failover.rs"]
 mod failover;
+
+#[path = "cluster/snapshots.rs"]
+mod snapshots;
 
 #[path = "cluster/ledger_failover.rs"]
 mod ledger_failover;

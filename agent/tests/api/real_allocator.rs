@@ -63,6 +63,7 @@ fn timings() -> RaftTimings {
         election_timeout_min_ms: 300,
         election_timeout_max_ms: 600,
         snapshot_every_logs: 500,
+        stagger_snapshots: true,
         logs_kept_after_snapshot: 100,
     }
 }

@@ -18,6 +18,7 @@
 //!   election_timeout_min_ms: 750
 //!   election_timeout_max_ms: 1500
 //!   snapshot_every_logs: 5000
+//!   stagger_snapshots: true      # voters build their snapshots in turn, not all at once
 //!   logs_kept_after_snapshot: 1000
 //! ```
 
@@ -64,6 +65,8 @@ pub struct FileTimings {
     pub election_timeout_max_ms: Option<u64>,
     /// Snapshot after this many entries.
     pub snapshot_every_logs: Option<u64>,
+    /// Whether voters take turns to build their snapshots.
+    pub stagger_snapshots: Option<bool>,
     /// Entries kept behind a snapshot.
     pub logs_kept_after_snapshot: Option<u64>,
 }
@@ -133,6 +136,7 @@ mod tests {
         assert_eq!(c.peers.len(), 3);
         assert_eq!(c.peers[&2], "127.0.0.1:7702");
         assert_eq!(c.raft.heartbeat_ms, Some(150));
+        assert_eq!(c.raft.stagger_snapshots, Some(true));
         assert_eq!(c.tick_ms, Some(250));
     }
 

@@ -32,6 +32,7 @@ pub mod node;
 pub mod node_clock;
 pub mod skew;
 pub mod snapshot_file;
+mod snapshot_schedule;
 pub mod state_machine;
 #[cfg(any(test, feature = "testing"))]
 pub mod test_app;

@@ -29,6 +29,7 @@ use super::network_in::RaftServiceHandler;
 use super::network_out::{ChannelFactory, GrpcNetworkFactory, LazyTcpChannels};
 use super::node_clock::NodeClock;
 use super::skew::{SkewCheck, SkewMonitor, SkewStatus};
+use super::snapshot_schedule;
 use super::state_machine::{SledStateMachine, StateMachineError, StateMachineHandle};
 use super::types::typ::Raft;
 use super::types::{AllotRaft, NodeId, Stamped};
@@ -44,6 +45,12 @@ pub struct RaftTimings {
     pub election_timeout_max_ms: u64,
     /// Build a snapshot after this many entries since the last one.
     pub snapshot_every_logs: u64,
+    /// Voters take turns to build their snapshots, a third of `snapshot_every_logs` apart in a
+    /// cluster of three, instead of all at the same index ([`snapshot_schedule`]); off, openraft
+    /// builds on every node at once (`SnapshotPolicy::LogsSinceLast`).
+    ///
+    /// [`snapshot_schedule`]: super::snapshot_schedule
+    pub stagger_snapshots: bool,
     /// Entries kept in the log behind a snapshot, so slightly lagging followers catch up from
     /// the log instead of a snapshot.
     pub logs_kept_after_snapshot: u64,
@@ -56,6 +63,7 @@ impl Default for RaftTimings {
             election_timeout_min_ms: 750,
             election_timeout_max_ms: 1500,
             snapshot_every_logs: 5_000,
+            stagger_snapshots: true,
             logs_kept_after_snapshot: 1_000,
         }
     }
@@ -158,6 +166,8 @@ pub struct Node<A: App> {
     db: sled::Db,
     flush: Flush,
     server: Mutex<Option<Server>>,
+    /// The task triggering this node's snapshots in its turn (when staggered).
+    snapshots: Option<JoinHandle<()>>,
 }
 
 /// The running gRPC server of a node and the signal that stops it.
@@ -263,7 +273,11 @@ impl<A: App> Node<A> {
             heartbeat_interval: config.timings.heartbeat_ms,
             election_timeout_min: config.timings.election_timeout_min_ms,
             election_timeout_max: config.timings.election_timeout_max_ms,
-            snapshot_policy: SnapshotPolicy::LogsSinceLast(config.timings.snapshot_every_logs),
+            snapshot_policy: if config.timings.stagger_snapshots {
+                SnapshotPolicy::Never
+            } else {
+                SnapshotPolicy::LogsSinceLast(config.timings.snapshot_every_logs)
+            },
             max_in_snapshot_log_to_keep: config.timings.logs_kept_after_snapshot,
             // Keeps every InstallSnapshot message far below the transport's message limit.
             snapshot_max_chunk_size: 1024 * 1024,
@@ -294,6 +308,9 @@ impl<A: App> Node<A> {
         )
         .await
         .map_err(|e| NodeError::Fatal(e.to_string()))?;
+        let snapshots = config.timings.stagger_snapshots.then(|| {
+            snapshot_schedule::spawn(raft.clone(), config.id, config.timings.snapshot_every_logs)
+        });
 
         Ok(Self {
             id: config.id,
@@ -305,6 +322,7 @@ impl<A: App> Node<A> {
             db,
             flush,
             server: Mutex::new(None),
+            snapshots,
         })
     }
 
@@ -539,6 +557,9 @@ impl<A: App> Node<A> {
     pub async fn shutdown(&self) -> Result<(), NodeError> {
         // Raft first: proposals still waiting for a commit fail now instead of holding their
         // gRPC calls (and with them the server's graceful drain) open.
+        if let Some(task) = &self.snapshots {
+            task.abort();
+        }
         let raft_result = self.raft.shutdown().await;
         let server = self.server.lock().take();
         let server_result = match server {

@@ -40,6 +40,7 @@ pub fn timings() -> RaftTimings {
         election_timeout_min_ms: 500,
         election_timeout_max_ms: 1000,
         snapshot_every_logs: 200,
+        stagger_snapshots: true,
         logs_kept_after_snapshot: 50,
     }
 }

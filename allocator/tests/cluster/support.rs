@@ -21,6 +21,7 @@ pub fn timings() -> RaftTimings {
         election_timeout_min_ms: 250,
         election_timeout_max_ms: 500,
         snapshot_every_logs: 8,
+        stagger_snapshots: true,
         logs_kept_after_snapshot: 0,
     }
 }

@@ -154,6 +154,7 @@ pub fn timings(id: u64) -> RaftTimings {
         election_timeout_min_ms: min,
         election_timeout_max_ms: min + 1,
         snapshot_every_logs: 300,
+        stagger_snapshots: true,
         logs_kept_after_snapshot: 50,
     }
 }
