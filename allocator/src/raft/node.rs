@@ -629,9 +629,13 @@ pub(super) fn write_error(
 
 impl<A: App> Drop for Node<A> {
     fn drop(&mut self) {
-        // Without an async drop, a node dropped without shutdown() at least stops serving.
+        // Without an async drop, a node dropped without shutdown() at least stops serving, and
+        // its snapshot task lets go of the Raft handle (so openraft's core can stop).
         if let Some(server) = self.server.lock().take() {
             server.task.abort();
+        }
+        if let Some(task) = &self.snapshots {
+            task.abort();
         }
     }
 }

@@ -12,10 +12,14 @@
 //! The turns: with the voters sorted by id and `w = ⌈every / m⌉` for `m` voters, voter `k`'s
 //! turns come when the count of applied entries reaches `k · w + n · m · w` (n = 0, 1, …): each
 //! voter's turns are one cycle of `m · w ≥ every` entries apart, and the voters' turns `w`
-//! apart. A voter builds when one of its turns passed since its last snapshot (and at least `w`
-//! entries did), or when `2 · every` entries did whatever the turn (a turn that fell while the
-//! node was installing a snapshot never leaves its log growing without bound). Learners and a
+//! apart. A voter builds when one of its turns came at least `w` entries after its last
+//! snapshot (a snapshot installed from the leader just before a turn waits for the next one,
+//! rather than landing near another voter's), or when `2 · every` entries were applied since,
+//! whatever the turn (so a voter whose turns keep being skipped still compacts). Learners and a
 //! single voter build after `every` entries, as before.
+//!
+//! The turns separate the voters' builds by log index, not by time: a build that takes longer
+//! than `w` entries' worth of commits still overlaps the next voter's.
 
 use std::time::Duration;
 
@@ -26,8 +30,9 @@ use super::app::App;
 use super::types::typ::Raft;
 use super::types::NodeId;
 
-/// How long a trigger that produced no new snapshot waits before it is repeated (openraft
-/// ignores a trigger while a build runs; one that failed is retried after this).
+/// How long a trigger that produced no new snapshot waits before it is repeated: openraft
+/// ignores a trigger while another build runs (one it started to answer a snapshot request,
+/// say). A build that fails stops Raft with a fatal error, and this task with it.
 const RETRY: Duration = Duration::from_secs(5);
 
 /// A voter's slot: its position among the `voters` sorted ids.
@@ -75,8 +80,9 @@ pub(crate) fn build_due(applied: u64, snapshot: u64, every: u64, slot: Option<Sl
     match slot {
         None => since >= every,
         Some(s) => {
-            since >= every.saturating_mul(2)
-                || (since >= s.width(every) && s.turns(applied, every) > s.turns(snapshot, every))
+            // A turn in (snapshot + w − 1, applied]: at least w entries after the snapshot.
+            let after = snapshot.saturating_add(s.width(every) - 1);
+            since >= every.saturating_mul(2) || s.turns(applied, every) > s.turns(after, every)
         }
     }
 }
@@ -96,6 +102,7 @@ pub(crate) fn spawn<A: App>(raft: Raft<A>, id: NodeId, every: u64) -> JoinHandle
         let mut sent: Option<(u64, Instant)> = None;
         loop {
             let due = {
+                // Published on every pass of openraft's loop; the check is a few divisions.
                 let m = metrics.borrow_and_update();
                 let snapshot = next_index(m.snapshot.as_ref());
                 let slot = Slot::of(id, m.membership_config.membership().voter_ids());
@@ -173,18 +180,26 @@ mod tests {
     }
 
     /// A node whose last snapshot is not at its turn (installed from the leader, or built
-    /// before a restart) builds at its next turn, or after `2 · every` entries when that comes
-    /// first; the arithmetic saturates at the extremes.
+    /// before a restart) builds at its next turn at least a slot's width after that snapshot,
+    /// or after `2 · every` entries when that comes first; the arithmetic saturates at the
+    /// extremes.
     #[test]
-    fn a_missed_turn_builds_at_twice_every_and_extremes_do_not_overflow() {
+    fn an_off_turn_snapshot_waits_for_a_turn_a_width_later_and_extremes_do_not_overflow() {
         let slot = Slot::of(2, [1, 2, 3]);
         // Voter 2's turns: 1_667, 6_668, 11_669 …
         assert!(build_due(1_667, 0, 5_000, slot));
+        assert!(!build_due(1_666, 0, 5_000, slot));
         assert!(!build_due(6_667, 1_700, 5_000, slot));
         assert!(build_due(6_668, 1_700, 5_000, slot));
-        // Fewer than a slot's width since the snapshot: not yet, even past a turn.
-        assert!(!build_due(6_668, 6_000, 5_000, slot));
+        // A snapshot installed at 6_000 is 668 entries before the turn at 6_668: that turn is
+        // skipped (it would build next to voter 3's at 8_335), the one at 11_669 is taken.
+        for applied in 6_000..11_669 {
+            assert!(!build_due(applied, 6_000, 5_000, slot), "at {applied}");
+        }
         assert!(build_due(11_669, 6_000, 5_000, slot));
+        // At the turn's own index, a width before it or a width after: taken.
+        assert!(build_due(6_668, 5_001, 5_000, slot));
+        assert!(!build_due(6_668, 5_002, 5_000, slot));
         // With fewer entries per snapshot than voters, a cycle of turns is longer than twice
         // the threshold: voter 1's turns at 0, 3, 6 …, the log is compacted at 2 anyway.
         let first = Slot::of(1, [1, 2, 3]);

@@ -31,6 +31,8 @@ pub type TestNode = Node<CounterApp>;
 /// Nodes with fixed ids and addresses; their sled directories outlive restarts.
 pub struct Cluster {
     root: TempDir,
+    /// Every node's timings ([`timings`] unless [`Cluster::start_with`] says otherwise).
+    timings: RaftTimings,
     pub addrs: BTreeMap<u64, String>,
     pub nodes: BTreeMap<u64, TestNode>,
     pub clock: ManualNodeClock,
@@ -39,9 +41,15 @@ pub struct Cluster {
 impl Cluster {
     /// Starts nodes `ids` on ephemeral loopback ports (not yet initialised).
     pub async fn start(ids: &[u64]) -> Self {
+        Self::start_with(ids, timings()).await
+    }
+
+    /// [`Cluster::start`] with other Raft timings.
+    pub async fn start_with(ids: &[u64], timings: RaftTimings) -> Self {
         let root = tempfile::tempdir().expect("tempdir");
         let mut cluster = Self {
             root,
+            timings,
             addrs: BTreeMap::new(),
             nodes: BTreeMap::new(),
             clock: ManualNodeClock::new(1_000_000),
@@ -71,7 +79,7 @@ impl Cluster {
             advertise_addr: self.addrs[&id].clone(),
             data_dir: self.dir(id),
             cluster_name: "test".into(),
-            timings: timings(),
+            timings: self.timings.clone(),
         };
         let node = Node::start_tcp(config, Arc::new(self.clock.clone()), listener)
             .await
