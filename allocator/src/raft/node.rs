@@ -555,11 +555,11 @@ impl<A: App> Node<A> {
     /// ended with an error, [`NodeError::Flush`] if the final flush failed. The node is stopped
     /// in every case.
     pub async fn shutdown(&self) -> Result<(), NodeError> {
-        // Raft first: proposals still waiting for a commit fail now instead of holding their
-        // gRPC calls (and with them the server's graceful drain) open.
         if let Some(task) = &self.snapshots {
             task.abort();
         }
+        // Raft first: proposals still waiting for a commit fail now instead of holding their
+        // gRPC calls (and with them the server's graceful drain) open.
         let raft_result = self.raft.shutdown().await;
         let server = self.server.lock().take();
         let server_result = match server {

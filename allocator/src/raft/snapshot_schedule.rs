@@ -1,13 +1,14 @@
 //! When a node builds its snapshot (log compaction): after `every` entries, as openraft's
-//! `SnapshotPolicy::LogsSinceLast`, but each voter only inside its own slot of the log's index
-//! space, so that no two voters of a cluster build at the same time.
+//! `SnapshotPolicy::LogsSinceLast`, but each voter at its own turns in the log's index space,
+//! so that the voters of a cluster build at different indexes instead of all at once.
 //!
 //! Every node applies the same entries, so with a plain count all of them cross the threshold
 //! at the same index and encode the whole ledger at the same moment. The leader and the
 //! follower whose acknowledgement completes the quorum then both work on a snapshot while
-//! commits wait on them (on the benchmark's shared two cores, three encoders at once). With
-//! slots, one voter builds at a time and the others — a quorum, in a cluster of three or more —
-//! commit as usual (measured in `docs/benchmarks.md`, "Staggered snapshots").
+//! commits wait on them (on the benchmark's shared two cores, three encoders at once). In turns,
+//! a third of the interval apart in a cluster of three, normally one voter builds at a time and
+//! the other two, a quorum, commit as usual (measured in `docs/benchmarks.md`, "voters build
+//! their snapshots in turn").
 //!
 //! The turns: with the voters sorted by id and `w = ⌈every / m⌉` for `m` voters, voter `k`'s
 //! turns come when the count of applied entries reaches `k · w + n · m · w` (n = 0, 1, …): each
