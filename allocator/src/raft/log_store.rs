@@ -134,11 +134,12 @@ where
     }
 }
 
-/// Removes the log's entries up to `index` inclusive; returns how many. Blocking.
-fn remove_upto(log: &sled::Tree, index: u64) -> sled::Result<usize> {
+/// Removes the log's entries whose keys fall in `keys`, in one batch; returns how many.
+/// Blocking.
+fn remove_range(log: &sled::Tree, keys: impl RangeBounds<[u8; 8]>) -> sled::Result<usize> {
     let mut batch = sled::Batch::default();
     let mut n = 0;
-    for key in log.range(..=index_key(index)).keys() {
+    for key in log.range(keys).keys() {
         batch.remove(key?);
         n += 1;
     }
@@ -280,13 +281,7 @@ where
     }
 
     async fn truncate(&mut self, log_id: LogId<NodeId>) -> Result<(), StorageError<NodeId>> {
-        let mut batch = sled::Batch::default();
-        for item in self.log.range(index_key(log_id.index)..) {
-            let (key, _) = item.map_err(|e| StorageIOError::write_logs(&e))?;
-            batch.remove(key);
-        }
-        self.log
-            .apply_batch(batch)
+        remove_range(&self.log, index_key(log_id.index)..)
             .map_err(|e| StorageIOError::write_logs(&e))?;
         self.flush
             .run(&self.log)
@@ -309,7 +304,7 @@ where
         let log = self.log.clone();
         self.flush.detach(move || {
             let started = std::time::Instant::now();
-            match remove_upto(&log, log_id.index) {
+            match remove_range(&log, ..=index_key(log_id.index)) {
                 Ok(n) => tracing::debug!(
                     entries = n,
                     upto = log_id.index,
