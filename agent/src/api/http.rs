@@ -8,9 +8,9 @@
 //! headers. Malformed JSON or invalid input is 400 with `{"error":"invalid_argument",
 //! "message": "..."}` naming the problem; nothing is spent.
 
-use super::native::decision;
+use super::native::{DecisionFields, DescriptorFields};
 use super::{
-    rate_limit_headers, ApiError, Decider, Verdict, WireDescriptor, WireEntry, WireRequest,
+    rate_limit_header_values, ApiError, Decider, Verdict, WireDescriptor, WireEntry, WireRequest,
 };
 use crate::metrics::allocations_held;
 use crate::tracked::TrackingError;
@@ -22,33 +22,45 @@ use axum::http::{header, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use serde::ser::{SerializeSeq, SerializeStruct, Serializer};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
+use smallvec::SmallVec;
+use std::borrow::Cow;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-/// One descriptor entry of the JSON API.
+/// One descriptor entry of the JSON API. Its strings borrow from the request body unless
+/// they hold JSON escapes (then they are unescaped into their own).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct JsonEntry {
+pub struct JsonEntry<'a> {
     /// Key.
-    pub key: String,
+    #[serde(borrow)]
+    pub key: Cow<'a, str>,
     /// Value.
-    pub value: String,
+    #[serde(borrow)]
+    pub value: Cow<'a, str>,
 }
+
+/// Entries of one descriptor held inline, without allocating (issue 13 item 5).
+pub const INLINE_JSON_ENTRIES: usize = 4;
+/// Descriptors of a request held inline, without allocating.
+pub const INLINE_JSON_DESCRIPTORS: usize = 4;
 
 /// One descriptor of the JSON API.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct JsonDescriptor {
+pub struct JsonDescriptor<'a> {
     /// Entries, outermost first.
-    pub entries: Vec<JsonEntry>,
+    #[serde(borrow)]
+    pub entries: SmallVec<[JsonEntry<'a>; INLINE_JSON_ENTRIES]>,
     /// Its own cost, tokens.
     #[serde(default)]
     pub hits_addend: Option<u64>,
 }
 
-impl WireEntry for JsonEntry {
+impl WireEntry for JsonEntry<'_> {
     fn key(&self) -> &str {
         &self.key
     }
@@ -57,9 +69,9 @@ impl WireEntry for JsonEntry {
     }
 }
 
-impl WireDescriptor for JsonDescriptor {
-    type Entry = JsonEntry;
-    fn entries(&self) -> &[JsonEntry] {
+impl<'a> WireDescriptor for JsonDescriptor<'a> {
+    type Entry = JsonEntry<'a>;
+    fn entries(&self) -> &[JsonEntry<'a>] {
         &self.entries
     }
     fn hits_addend(&self) -> Option<u64> {
@@ -67,21 +79,25 @@ impl WireDescriptor for JsonDescriptor {
     }
 }
 
-/// Body of `POST /v1/check` and `POST /v1/reserve`.
+/// Body of `POST /v1/check` and `POST /v1/reserve`, borrowed from the request's bytes: a body
+/// of up to [`INLINE_JSON_DESCRIPTORS`] descriptors of up to [`INLINE_JSON_ENTRIES`] entries
+/// without escapes is read without allocating.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct CheckBody {
+pub struct CheckBody<'a> {
     /// Domain.
-    pub domain: String,
+    #[serde(borrow)]
+    pub domain: Cow<'a, str>,
     /// Descriptors.
-    pub descriptors: Vec<JsonDescriptor>,
+    #[serde(borrow)]
+    pub descriptors: SmallVec<[JsonDescriptor<'a>; INLINE_JSON_DESCRIPTORS]>,
     /// Cost of descriptors without their own (tokens; absent or 0 means 1). For a reserve: the
     /// maximum cost.
     #[serde(default, alias = "max_cost")]
     pub cost: Option<u64>,
     /// Request id (holds concurrency slots; idempotency key of a reserve).
-    #[serde(default)]
-    pub request_id: Option<String>,
+    #[serde(default, borrow)]
+    pub request_id: Option<Cow<'a, str>>,
     /// Reservation lifetime, ms (reserve only).
     #[serde(default)]
     pub ttl_ms: Option<u64>,
@@ -105,56 +121,6 @@ pub struct DoneBody {
     pub request_id: String,
 }
 
-/// A per-descriptor decision as JSON.
-#[derive(Debug, Serialize)]
-pub struct JsonDescriptorDecision {
-    /// `OK` or `OVER_LIMIT`.
-    pub code: &'static str,
-    /// e.g. `within_limit`, `over_limit`, `concurrency_limit`.
-    pub reason: String,
-    /// Rule name.
-    pub policy: String,
-    /// Whole tokens left.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub remaining: Option<u64>,
-    /// Requests per unit.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub requests_per_unit: Option<u64>,
-    /// Unit.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub unit: Option<String>,
-    /// Until fully reset, ms.
-    pub reset_after_ms: u64,
-    /// A shadow rule would have denied.
-    pub shadow_over_limit: bool,
-    /// The key's concurrency cap.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub max_in_flight: Option<u64>,
-}
-
-/// A decision as JSON (the native `Decision`).
-#[derive(Debug, Serialize)]
-pub struct JsonDecision {
-    /// `OK` or `OVER_LIMIT`.
-    pub code: &'static str,
-    /// Reason of the deciding descriptor.
-    pub reason: String,
-    /// Deciding rule's name.
-    pub policy: String,
-    /// Config version.
-    pub policy_version: u64,
-    /// Per descriptor.
-    pub descriptors: Vec<JsonDescriptorDecision>,
-    /// On OVER_LIMIT, ms.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub retry_after_ms: Option<u64>,
-    /// Until the deciding limit resets, ms.
-    pub reset_after_ms: u64,
-    /// Whole tokens left of the deciding limit.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub remaining: Option<u64>,
-}
-
 fn code_name(c: i32) -> &'static str {
     if c == pb::DecisionCode::OverLimit as i32 {
         "OVER_LIMIT"
@@ -163,40 +129,97 @@ fn code_name(c: i32) -> &'static str {
     }
 }
 
-fn reason_name(r: i32) -> String {
-    pb::DecisionReason::try_from(r)
-        .unwrap_or(pb::DecisionReason::Unspecified)
-        .as_str_name()
-        .trim_start_matches("DECISION_REASON_")
-        .to_ascii_lowercase()
+/// The proto reason's name without its prefix, in lower case (`within_limit`, `over_limit`…).
+fn reason_name(r: i32) -> &'static str {
+    use pb::DecisionReason as R;
+    match R::try_from(r).unwrap_or(R::Unspecified) {
+        R::Unspecified => "unspecified",
+        R::NoRule => "no_rule",
+        R::Unlimited => "unlimited",
+        R::WithinLimit => "within_limit",
+        R::OverLimit => "over_limit",
+        R::CostExceedsCapacity => "cost_exceeds_capacity",
+        R::KeyTableFull => "key_table_full",
+        R::ConcurrencyLimit => "concurrency_limit",
+        R::OtherDescriptor => "other_descriptor",
+    }
 }
 
-/// The JSON form of a verdict.
-pub fn json_decision(v: &Verdict) -> JsonDecision {
-    let d = decision(v);
-    JsonDecision {
-        code: code_name(d.code),
-        reason: reason_name(d.reason),
-        policy: d.policy,
-        policy_version: d.policy_version,
-        descriptors: d
-            .descriptors
-            .into_iter()
-            .map(|x| JsonDescriptorDecision {
-                code: code_name(x.code),
-                reason: reason_name(x.reason),
-                policy: x.policy,
-                remaining: x.remaining,
-                requests_per_unit: x.remaining.map(|_| x.requests_per_unit),
-                unit: x.remaining.map(|_| x.unit),
-                reset_after_ms: x.reset_after_ms,
-                shadow_over_limit: x.shadow_over_limit,
-                max_in_flight: x.max_in_flight,
-            })
-            .collect(),
-        retry_after_ms: d.retry_after_ms,
-        reset_after_ms: d.reset_after_ms,
-        remaining: d.remaining,
+/// A verdict's JSON answer (the native `Decision`), serialized straight from the verdict: no
+/// intermediate message and no string copied (issue 13 item 5). Fields: `code` (`OK` or
+/// `OVER_LIMIT`), `reason`, `policy` (the deciding rule's name), `policy_version`,
+/// `descriptors` (per descriptor: `code`, `reason`, `policy`, `remaining` whole tokens and with
+/// it `requests_per_unit` and `unit`, `reset_after_ms`, `shadow_over_limit`, `max_in_flight`),
+/// `retry_after_ms` (on OVER_LIMIT), `reset_after_ms` and `remaining` of the deciding limit.
+#[derive(Debug, Clone, Copy)]
+pub struct JsonAnswer<'a>(pub &'a Verdict);
+
+impl Serialize for JsonAnswer<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let f = DecisionFields::of(self.0);
+        let mut m = s.serialize_struct("Decision", 8)?;
+        m.serialize_field("code", code_name(f.code))?;
+        m.serialize_field("reason", reason_name(f.reason))?;
+        m.serialize_field("policy", f.policy)?;
+        m.serialize_field("policy_version", &f.policy_version)?;
+        m.serialize_field("descriptors", &JsonDescriptorAnswers(self.0))?;
+        optional(&mut m, "retry_after_ms", f.retry_after_ms)?;
+        m.serialize_field("reset_after_ms", &f.reset_after_ms)?;
+        optional(&mut m, "remaining", f.remaining)?;
+        m.end()
+    }
+}
+
+/// `field` when given, else skipped (absent from the JSON, as in the native answer).
+fn optional<M: SerializeStruct>(
+    m: &mut M,
+    field: &'static str,
+    v: Option<u64>,
+) -> Result<(), M::Error> {
+    match v {
+        Some(x) => m.serialize_field(field, &x),
+        None => m.skip_field(field),
+    }
+}
+
+/// The per-descriptor answers of a verdict, in request order.
+struct JsonDescriptorAnswers<'a>(&'a Verdict);
+
+impl Serialize for JsonDescriptorAnswers<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let v = self.0;
+        let mut seq = s.serialize_seq(Some(v.statuses.len()))?;
+        for i in 0..v.statuses.len() {
+            seq.serialize_element(&JsonDescriptorAnswer(DescriptorFields::of(v, i)))?;
+        }
+        seq.end()
+    }
+}
+
+struct JsonDescriptorAnswer<'a>(DescriptorFields<'a>);
+
+impl Serialize for JsonDescriptorAnswer<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let x = &self.0;
+        let mut m = s.serialize_struct("DescriptorDecision", 9)?;
+        m.serialize_field("code", code_name(x.code))?;
+        m.serialize_field("reason", reason_name(x.reason))?;
+        m.serialize_field("policy", x.policy)?;
+        optional(&mut m, "remaining", x.remaining)?;
+        // The limit's size goes with what is left of it: both or neither.
+        optional(
+            &mut m,
+            "requests_per_unit",
+            x.remaining.map(|_| x.requests_per_unit),
+        )?;
+        match x.remaining {
+            Some(_) => m.serialize_field("unit", x.unit)?,
+            None => m.skip_field("unit")?,
+        }
+        m.serialize_field("reset_after_ms", &x.reset_after_ms)?;
+        m.serialize_field("shadow_over_limit", &x.shadow_over_limit)?;
+        optional(&mut m, "max_in_flight", x.max_in_flight)?;
+        m.end()
     }
 }
 
@@ -221,22 +244,41 @@ fn error_response(e: &ApiError) -> Response {
 
 // The error is the finished 400 response, returned at once: boxing it would buy nothing.
 #[allow(clippy::result_large_err)]
-fn parse<T: serde::de::DeserializeOwned>(g: &Decider, body: &[u8]) -> Result<T, Response> {
+fn parse<'a, T: Deserialize<'a>>(g: &Decider, body: &'a [u8]) -> Result<T, Response> {
     serde_json::from_slice(body).map_err(|e| {
         g.count_invalid();
         error_response(&ApiError::Malformed(format!("malformed JSON body: {e}")))
     })
 }
 
+/// `status` with `value` as its JSON body (`Content-Type: application/json`).
+fn json_body(status: StatusCode, value: &impl Serialize) -> Response {
+    match serde_json::to_vec(value) {
+        Ok(bytes) => (
+            status,
+            [(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            )],
+            bytes,
+        )
+            .into_response(),
+        // Unreachable for these types (serde_json fails only on non-string map keys); said
+        // rather than panicking.
+        Err(e) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            Json(json!({"error": "internal", "message": format!("answer not encoded: {e}")})),
+        )
+            .into_response(),
+    }
+}
+
 /// The RateLimit headers (and on a denial `Retry-After` and `Cache-Control: no-store`).
 fn with_headers(mut resp: Response, v: &Verdict) -> Response {
     let h = resp.headers_mut();
-    for (k, val) in rate_limit_headers(v) {
-        if let (Ok(k), Ok(val)) = (
-            HeaderName::from_bytes(k.as_bytes()),
-            HeaderValue::from_str(&val),
-        ) {
-            h.insert(k, val);
+    for (k, n) in rate_limit_header_values(v) {
+        if let Ok(k) = HeaderName::from_bytes(k.as_bytes()) {
+            h.insert(k, HeaderValue::from(n));
         }
     }
     if !v.is_ok() {
@@ -248,11 +290,17 @@ fn with_headers(mut resp: Response, v: &Verdict) -> Response {
 /// 200 with the decision, or 429 with the rate-limit body.
 fn decided(v: &Verdict, extra: Option<Value>) -> Response {
     let resp = if v.is_ok() {
-        let mut body = serde_json::to_value(json_decision(v)).unwrap_or(Value::Null);
-        if let (Some(Value::Object(extra)), Value::Object(b)) = (extra, &mut body) {
-            b.extend(extra);
+        match extra {
+            // A check: the answer written straight into the response's buffer.
+            None => json_body(StatusCode::OK, &JsonAnswer(v)),
+            Some(extra) => {
+                let mut body = serde_json::to_value(JsonAnswer(v)).unwrap_or(Value::Null);
+                if let (Value::Object(extra), Value::Object(b)) = (extra, &mut body) {
+                    b.extend(extra);
+                }
+                (StatusCode::OK, Json(body)).into_response()
+            }
         }
-        (StatusCode::OK, Json(body)).into_response()
     } else {
         let mut body = json!({"error": "rate_limit_exceeded", "policy": v.policy_label()});
         if v.never_passes() {
@@ -266,11 +314,11 @@ fn decided(v: &Verdict, extra: Option<Value>) -> Response {
 
 /// A check or reserve body read for the core, its cost named `cost_field`; an invalid one is
 /// counted and answered with 400.
-fn read_wire<'b>(
+fn read_wire<'b, 'a>(
     g: &Decider,
-    b: &'b CheckBody,
+    b: &'b CheckBody<'a>,
     cost_field: &str,
-) -> Result<WireRequest<'b, JsonDescriptor>, Box<Response>> {
+) -> Result<WireRequest<'b, JsonDescriptor<'a>>, Box<Response>> {
     WireRequest::read(&b.domain, &b.descriptors, cost_field, b.cost.unwrap_or(0)).map_err(|e| {
         g.count_invalid();
         Box::new(error_response(&e))

@@ -64,21 +64,22 @@ pub fn pb_reason(r: Reason) -> pb::DecisionReason {
     }
 }
 
-/// The fields of one `DescriptorDecision` of a verdict (borrowed: no string is copied).
-struct DescriptorFields<'a> {
-    code: i32,
-    reason: i32,
-    policy: &'a str,
-    remaining: Option<u64>,
-    requests_per_unit: u64,
-    unit: &'static str,
-    reset_after_ms: u64,
-    shadow_over_limit: bool,
-    max_in_flight: Option<u64>,
+/// The fields of one `DescriptorDecision` of a verdict (borrowed: no string is copied); the
+/// HTTP adapter writes its JSON from them too.
+pub(super) struct DescriptorFields<'a> {
+    pub(super) code: i32,
+    pub(super) reason: i32,
+    pub(super) policy: &'a str,
+    pub(super) remaining: Option<u64>,
+    pub(super) requests_per_unit: u64,
+    pub(super) unit: &'static str,
+    pub(super) reset_after_ms: u64,
+    pub(super) shadow_over_limit: bool,
+    pub(super) max_in_flight: Option<u64>,
 }
 
 impl<'a> DescriptorFields<'a> {
-    fn of(v: &'a Verdict, i: usize) -> Self {
+    pub(super) fn of(v: &'a Verdict, i: usize) -> Self {
         let s = &v.statuses[i];
         let rule = v.rule(i);
         let limit = rule.and_then(rule_limit).filter(|_| s.limit.is_some());
@@ -127,18 +128,18 @@ impl<'a> DescriptorFields<'a> {
 }
 
 /// The fields of a verdict's `Decision` besides its descriptors.
-struct DecisionFields<'a> {
-    code: i32,
-    reason: i32,
-    policy: &'a str,
-    policy_version: u64,
-    retry_after_ms: Option<u64>,
-    reset_after_ms: u64,
-    remaining: Option<u64>,
+pub(super) struct DecisionFields<'a> {
+    pub(super) code: i32,
+    pub(super) reason: i32,
+    pub(super) policy: &'a str,
+    pub(super) policy_version: u64,
+    pub(super) retry_after_ms: Option<u64>,
+    pub(super) reset_after_ms: u64,
+    pub(super) remaining: Option<u64>,
 }
 
 impl<'a> DecisionFields<'a> {
-    fn of(v: &'a Verdict) -> Self {
+    pub(super) fn of(v: &'a Verdict) -> Self {
         let deciding = v.deciding();
         let ds = deciding.and_then(|i| v.statuses.get(i));
         let reason = ds.map_or(

@@ -51,7 +51,7 @@ impl Slot {
         ids.sort_unstable();
         ids.dedup();
         let position = ids.iter().position(|&v| v == id)?;
-        (ids.len() > 1).then(|| Slot {
+        (ids.len() > 1).then_some(Slot {
             position: position as u64,
             voters: ids.len() as u64,
         })
