@@ -8,8 +8,9 @@
 //! * RLS: from a decoded `RateLimitRequest` to the encoded `RateLimitResponse`, written into a
 //!   reused buffer by the same encoder the gRPC server uses (`RlsAnswer`);
 //! * native: from a decoded `CheckRequest` to the encoded `CheckResponse` (`NativeAnswer`);
-//! * HTTP: from the request body's bytes to the JSON answer's bytes and headers — not yet
-//!   free of allocations, held to its count of today.
+//! * HTTP: from the request body's bytes (read borrowed) to the JSON answer's bytes (200 or
+//!   429) and the RateLimit header values; the response's own buffer and header map are
+//!   axum's (transport).
 //!
 //! Excluded, because they are the transport's and not the translation's: tonic's and hyper's
 //! buffers, HTTP/2 frames and header maps; the decoding of the protobuf request into prost's
@@ -366,17 +367,23 @@ fn native_request(values: &[&str]) -> pb::CheckRequest {
     }
 }
 
-/// The HTTP adapter's translation: the body's bytes parsed, decided, and the JSON answer
-/// written into a reused buffer.
-fn http_round_trip(decider: &Decider, body: &[u8], out: &mut Vec<u8>) {
+/// The HTTP adapter's translation, as the `/v1/check` handler does it: the body's bytes
+/// parsed, decided, and the answer (200 or 429) written as JSON into a reused buffer, with the
+/// RateLimit header values. Whether it was allowed.
+fn http_round_trip(decider: &Decider, body: &[u8], out: &mut Vec<u8>) -> bool {
     let b: http::CheckBody = serde_json::from_slice(body).unwrap();
-    let w = WireRequest::read(&b.domain, &b.descriptors, "cost", 0).unwrap();
+    let w = WireRequest::read(&b.domain, &b.descriptors, "cost", b.cost.unwrap_or(0)).unwrap();
     let descriptors = w.descriptors();
     let v = ready(decider.check(&w.request(&descriptors), None)).unwrap();
     out.clear();
-    serde_json::to_writer(&mut *out, &http::JsonAnswer(&v)).unwrap();
+    let answer = http::HttpAnswer {
+        verdict: &v,
+        reservation: None,
+    };
+    serde_json::to_writer(&mut *out, &answer).unwrap();
     let headers = rate_limit_header_values(&v);
     assert!(!headers.is_empty());
+    v.is_ok()
 }
 
 #[test]
@@ -403,21 +410,72 @@ fn the_native_adapter_allocates_nothing_from_decoded_request_to_encoded_answer()
 
 /// The HTTP adapter from the body's bytes to the JSON answer: the body is read borrowed (up to
 /// 4 descriptors of up to 4 entries without JSON escapes), the answer serialized straight from
-/// the verdict into a reused buffer, the RateLimit header values taken as numbers.
+/// the verdict into a reused buffer (an allowed one and a 429), the RateLimit header values
+/// taken as numbers; a body with a `request_id` is read without copying it either.
 #[test]
 fn the_http_adapter_allocates_nothing_from_body_to_answer() {
     let rig = rig();
     let mut out = Vec::with_capacity(4096);
-    for body in [
-        &br#"{"domain":"edge","descriptors":[{"entries":[{"key":"tenant","value":"leased"}]},{"entries":[{"key":"path","value":"/a"}]}]}"#[..],
-        br#"{"domain":"edge","descriptors":[{"entries":[{"key":"tenant","value":"local"}]}],"cost":1}"#,
+    for (body, allowed) in [
+        (&br#"{"domain":"edge","descriptors":[{"entries":[{"key":"tenant","value":"leased"}]},{"entries":[{"key":"path","value":"/a"}]}]}"#[..], true),
+        (br#"{"domain":"edge","descriptors":[{"entries":[{"key":"tenant","value":"local"}]}],"cost":1}"#, true),
+        // Two an hour: from the third on, every one is a 429.
+        (br#"{"domain":"edge","descriptors":[{"entries":[{"key":"tiny","value":"http"}]}]}"#, false),
     ] {
+        let text = String::from_utf8_lossy(body);
+        if !allowed {
+            // Its two an hour, spent before measuring.
+            assert!(http_round_trip(&rig.decider, body, &mut out));
+            assert!(http_round_trip(&rig.decider, body, &mut out));
+        }
         let n = allocations(|| {
             rig.clock.advance(1);
-            http_round_trip(&rig.decider, body, &mut out)
+            assert_eq!(http_round_trip(&rig.decider, body, &mut out), allowed, "{text}");
         });
-        assert_eq!(n, 0, "HTTP {}: {n} allocations over {N} requests", String::from_utf8_lossy(body));
+        assert_eq!(n, 0, "HTTP {text}: {n} allocations over {N} requests");
     }
+    let with_id = br#"{"domain":"edge","descriptors":[{"entries":[{"key":"tenant","value":"local"}]}],"request_id":"r-1"}"#;
+    let n = allocations(|| {
+        let b: http::CheckBody = serde_json::from_slice(with_id).unwrap();
+        assert!(matches!(
+            b.request_id,
+            Some(std::borrow::Cow::Borrowed("r-1"))
+        ));
+    });
+    assert_eq!(
+        n, 0,
+        "a request_id is borrowed: {n} allocations over {N} bodies"
+    );
+}
+
+/// A body past the core's limits is refused while it is read, with the core's message, without
+/// holding what lies beyond the limit (a 2 MB body of empty descriptors used to be held whole).
+#[test]
+fn oversized_arrays_are_refused_while_reading() {
+    let many = format!(
+        r#"{{"domain":"edge","descriptors":[{}]}}"#,
+        vec![r#"{"entries":[]}"#; 100_000].join(",")
+    );
+    let refused = |body: &str, why: &str| {
+        let e = serde_json::from_str::<http::CheckBody>(body)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(why), "{e}");
+    };
+    refused(
+        &many,
+        "request has 100000 descriptors; at most 32 are accepted",
+    );
+    let entries = vec![r#"{"key":"k","value":"v"}"#; 17].join(",");
+    let wide = format!(r#"{{"domain":"edge","descriptors":[{{"entries":[{entries}]}}]}}"#);
+    refused(
+        &wide,
+        "a descriptor has 17 entries; at most 16 are accepted",
+    );
+    let ok = vec![r#"{"key":"k","value":"v"}"#; 16].join(",");
+    let at_limit = format!(r#"{{"domain":"edge","descriptors":[{{"entries":[{ok}]}}]}}"#);
+    let b: http::CheckBody = serde_json::from_str(&at_limit).unwrap();
+    assert_eq!(b.descriptors[0].entries.len(), 16);
 }
 
 /// A value with a JSON escape is unescaped into a string of its own (an allocation), and
@@ -427,11 +485,11 @@ fn an_escaped_json_string_reads_as_its_unescaped_value() {
     let rig = rig();
     let mut plain = Vec::new();
     let mut escaped = Vec::new();
-    http_round_trip(
+    assert!(http_round_trip(
         &rig.decider,
         br#"{"domain":"edge","descriptors":[{"entries":[{"key":"tenant","value":"local"}]}]}"#,
         &mut plain,
-    );
+    ));
     let b: http::CheckBody = serde_json::from_slice(
         br#"{"domain":"\u0065dge","descriptors":[{"entries":[{"key":"tenant","value":"loc\u0061l"}]}]}"#,
     )
@@ -550,6 +608,24 @@ fn the_json_answer_is_the_native_decision_field_for_field() {
         }
         let got = serde_json::to_value(http::JsonAnswer(&answer.0)).unwrap();
         assert_eq!(got, want, "case {i}: {req:?}");
+        let body = serde_json::to_value(http::HttpAnswer {
+            verdict: &answer.0,
+            reservation: Some(("res-1", 7)),
+        })
+        .unwrap();
+        if answer.0.is_ok() {
+            want["reservation_id"] = "res-1".into();
+            want["expires_in_ms"] = 7.into();
+        } else {
+            want = serde_json::json!({
+                "error": "rate_limit_exceeded",
+                "policy": answer.0.policy_label(),
+            });
+            if answer.0.never_passes() {
+                want["reason"] = "never".into();
+            }
+        }
+        assert_eq!(body, want, "case {i} as an HTTP answer: {req:?}");
     }
 }
 

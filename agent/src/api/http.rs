@@ -14,6 +14,7 @@ use super::{
 };
 use crate::metrics::allocations_held;
 use crate::tracked::TrackingError;
+use allot_common::descriptor::{RequestError, MAX_DESCRIPTORS, MAX_ENTRIES};
 use allot_common::units::{Micros, MICROS_PER_TOKEN, NANOS_PER_MILLI};
 use allot_proto::allot::v1 as pb;
 use axum::body::Bytes;
@@ -22,11 +23,13 @@ use axum::http::{header, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use serde::de::{self, Deserializer, IgnoredAny, SeqAccess, Visitor};
 use serde::ser::{SerializeSeq, SerializeStruct, Serializer};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use smallvec::SmallVec;
 use std::borrow::Cow;
+use std::marker::PhantomData;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -52,8 +55,8 @@ pub const INLINE_JSON_DESCRIPTORS: usize = 4;
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct JsonDescriptor<'a> {
-    /// Entries, outermost first.
-    #[serde(borrow)]
+    /// Entries, outermost first; more than [`MAX_ENTRIES`] are refused while reading.
+    #[serde(borrow, deserialize_with = "bounded_entries")]
     pub entries: SmallVec<[JsonEntry<'a>; INLINE_JSON_ENTRIES]>,
     /// Its own cost, tokens.
     #[serde(default)]
@@ -88,19 +91,84 @@ pub struct CheckBody<'a> {
     /// Domain.
     #[serde(borrow)]
     pub domain: Cow<'a, str>,
-    /// Descriptors.
-    #[serde(borrow)]
+    /// Descriptors; more than [`MAX_DESCRIPTORS`] are refused while reading.
+    #[serde(borrow, deserialize_with = "bounded_descriptors")]
     pub descriptors: SmallVec<[JsonDescriptor<'a>; INLINE_JSON_DESCRIPTORS]>,
     /// Cost of descriptors without their own (tokens; absent or 0 means 1). For a reserve: the
     /// maximum cost.
     #[serde(default, alias = "max_cost")]
     pub cost: Option<u64>,
     /// Request id (holds concurrency slots; idempotency key of a reserve).
-    #[serde(default, borrow)]
+    #[serde(default, borrow, deserialize_with = "borrowed_str")]
     pub request_id: Option<Cow<'a, str>>,
     /// Reservation lifetime, ms (reserve only).
     #[serde(default)]
     pub ttl_ms: Option<u64>,
+}
+
+/// An optional string borrowed from the body like the others (serde borrows a bare
+/// `Cow<str>` on its own, not one inside an `Option`).
+fn borrowed_str<'de: 'a, 'a, D: Deserializer<'de>>(d: D) -> Result<Option<Cow<'a, str>>, D::Error> {
+    #[derive(Deserialize)]
+    struct Borrowed<'a>(#[serde(borrow)] Cow<'a, str>);
+    Ok(Option::<Borrowed<'a>>::deserialize(d)?.map(|b| b.0))
+}
+
+fn bounded_descriptors<'de: 'a, 'a, D: Deserializer<'de>>(
+    d: D,
+) -> Result<SmallVec<[JsonDescriptor<'a>; INLINE_JSON_DESCRIPTORS]>, D::Error> {
+    d.deserialize_seq(Bounded {
+        max: MAX_DESCRIPTORS,
+        too_many: |got, max| RequestError::TooManyDescriptors { got, max }.to_string(),
+        items: PhantomData,
+    })
+}
+
+fn bounded_entries<'de: 'a, 'a, D: Deserializer<'de>>(
+    d: D,
+) -> Result<SmallVec<[JsonEntry<'a>; INLINE_JSON_ENTRIES]>, D::Error> {
+    d.deserialize_seq(Bounded {
+        max: MAX_ENTRIES,
+        too_many: |got, max| format!("a descriptor has {got} entries; at most {max} are accepted"),
+        items: PhantomData,
+    })
+}
+
+/// Reads a JSON array of at most `max` items: past it, the rest is skipped unread (only
+/// counted, for the message) and the body refused, so a body of a million empty descriptors
+/// costs its bytes, not a million descriptors' worth of memory (the limits the decision core
+/// would refuse anyway, design §10 "Keys").
+struct Bounded<A> {
+    max: usize,
+    too_many: fn(usize, usize) -> String,
+    items: PhantomData<A>,
+}
+
+impl<'de, A> Visitor<'de> for Bounded<A>
+where
+    A: smallvec::Array,
+    A::Item: Deserialize<'de>,
+{
+    type Value = SmallVec<A>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "an array of at most {} items", self.max)
+    }
+
+    fn visit_seq<S: SeqAccess<'de>>(self, mut seq: S) -> Result<Self::Value, S::Error> {
+        let mut out = SmallVec::new();
+        while let Some(item) = seq.next_element()? {
+            if out.len() == self.max {
+                let mut got = self.max.saturating_add(1);
+                while seq.next_element::<IgnoredAny>()?.is_some() {
+                    got = got.saturating_add(1);
+                }
+                return Err(de::Error::custom((self.too_many)(got, self.max)));
+            }
+            out.push(item);
+        }
+        Ok(out)
+    }
 }
 
 /// Body of `POST /v1/settle`.
@@ -156,17 +224,79 @@ pub struct JsonAnswer<'a>(pub &'a Verdict);
 
 impl Serialize for JsonAnswer<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let f = DecisionFields::of(self.0);
         let mut m = s.serialize_struct("Decision", 8)?;
-        m.serialize_field("code", code_name(f.code))?;
-        m.serialize_field("reason", reason_name(f.reason))?;
-        m.serialize_field("policy", f.policy)?;
-        m.serialize_field("policy_version", &f.policy_version)?;
-        m.serialize_field("descriptors", &JsonDescriptorAnswers(self.0))?;
-        optional(&mut m, "retry_after_ms", f.retry_after_ms)?;
-        m.serialize_field("reset_after_ms", &f.reset_after_ms)?;
-        optional(&mut m, "remaining", f.remaining)?;
+        decision_fields(&mut m, self.0)?;
         m.end()
+    }
+}
+
+/// The members of a verdict's [`JsonAnswer`], in order.
+fn decision_fields<M: SerializeStruct>(m: &mut M, v: &Verdict) -> Result<(), M::Error> {
+    let f = DecisionFields::of(v);
+    m.serialize_field("code", code_name(f.code))?;
+    m.serialize_field("reason", reason_name(f.reason))?;
+    m.serialize_field("policy", f.policy)?;
+    m.serialize_field("policy_version", &f.policy_version)?;
+    m.serialize_field("descriptors", &JsonDescriptorAnswers(v))?;
+    optional(m, "retry_after_ms", f.retry_after_ms)?;
+    m.serialize_field("reset_after_ms", &f.reset_after_ms)?;
+    optional(m, "remaining", f.remaining)
+}
+
+/// The body of an HTTP answer to a check or a reserve, written straight from the verdict
+/// (allocating nothing, issue 13 item 5): allowed, the [`JsonAnswer`] members followed, for a
+/// reserve, by `reservation_id` and `expires_in_ms`; denied (429),
+/// `{"error":"rate_limit_exceeded","policy":"<rule name>-v<version>"}` with `"reason":"never"`
+/// when waiting cannot help (a cost above the limit's capacity: no Retry-After then).
+#[derive(Debug, Clone, Copy)]
+pub struct HttpAnswer<'a> {
+    /// The decision.
+    pub verdict: &'a Verdict,
+    /// A reserve's reservation id and lifetime, ms.
+    pub reservation: Option<(&'a str, u64)>,
+}
+
+impl HttpAnswer<'_> {
+    /// 200 when allowed, else 429.
+    pub fn status(&self) -> StatusCode {
+        if self.verdict.is_ok() {
+            StatusCode::OK
+        } else {
+            StatusCode::TOO_MANY_REQUESTS
+        }
+    }
+}
+
+impl Serialize for HttpAnswer<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let v = self.verdict;
+        if v.is_ok() {
+            let mut m = s.serialize_struct("Decision", 10)?;
+            decision_fields(&mut m, v)?;
+            if let Some((id, expires_in_ms)) = self.reservation {
+                m.serialize_field("reservation_id", id)?;
+                m.serialize_field("expires_in_ms", &expires_in_ms)?;
+            }
+            return m.end();
+        }
+        let mut m = s.serialize_struct("RateLimited", 3)?;
+        m.serialize_field("error", "rate_limit_exceeded")?;
+        let (name, version) = v.policy_label_parts();
+        m.serialize_field("policy", &Label(name, version))?;
+        if v.never_passes() {
+            // No Retry-After: waiting does not help, the cost is above the limit's capacity.
+            m.serialize_field("reason", "never")?;
+        }
+        m.end()
+    }
+}
+
+/// `<name>-v<version>` written where it goes, without building the string.
+struct Label<'a>(&'a str, u64);
+
+impl Serialize for Label<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(&format_args!("{}-v{}", self.0, self.1))
     }
 }
 
@@ -287,29 +417,13 @@ fn with_headers(mut resp: Response, v: &Verdict) -> Response {
     resp
 }
 
-/// 200 with the decision, or 429 with the rate-limit body.
-fn decided(v: &Verdict, extra: Option<Value>) -> Response {
-    let resp = if v.is_ok() {
-        match extra {
-            // A check: the answer written straight into the response's buffer.
-            None => json_body(StatusCode::OK, &JsonAnswer(v)),
-            Some(extra) => {
-                let mut body = serde_json::to_value(JsonAnswer(v)).unwrap_or(Value::Null);
-                if let (Value::Object(extra), Value::Object(b)) = (extra, &mut body) {
-                    b.extend(extra);
-                }
-                (StatusCode::OK, Json(body)).into_response()
-            }
-        }
-    } else {
-        let mut body = json!({"error": "rate_limit_exceeded", "policy": v.policy_label()});
-        if v.never_passes() {
-            // No Retry-After: waiting does not help, the cost is above the limit's capacity.
-            body["reason"] = json!("never");
-        }
-        (StatusCode::TOO_MANY_REQUESTS, Json(body)).into_response()
+/// 200 with the decision, or 429 with the rate-limit body ([`HttpAnswer`]), and the headers.
+fn decided(v: &Verdict, reservation: Option<(&str, u64)>) -> Response {
+    let answer = HttpAnswer {
+        verdict: v,
+        reservation,
     };
-    with_headers(resp, v)
+    with_headers(json_body(answer.status(), &answer), v)
 }
 
 /// A check or reserve body read for the core, its cost named `cost_field`; an invalid one is
@@ -359,10 +473,7 @@ async fn reserve(State(g): State<Arc<Decider>>, body: Bytes) -> Response {
     {
         Ok(res) => decided(
             &res.verdict,
-            Some(json!({
-                "reservation_id": res.reservation_id,
-                "expires_in_ms": res.expires_in / NANOS_PER_MILLI,
-            })),
+            Some((&res.reservation_id, res.expires_in / NANOS_PER_MILLI)),
         ),
         Err(e) => error_response(&e),
     }

@@ -73,11 +73,18 @@ impl Verdict {
     /// `"<rule name>-v<policy version>"` of the deciding rule; `"-v<version>"` alone when no
     /// rule decided.
     pub fn policy_label(&self) -> String {
+        let (name, version) = self.policy_label_parts();
+        format!("{name}-v{version}")
+    }
+
+    /// The parts of [`policy_label`](Self::policy_label): the deciding rule's name ("" when none
+    /// decided) and the config version.
+    pub fn policy_label_parts(&self) -> (&str, u64) {
         let name = self
             .deciding()
             .and_then(|i| self.rule(i))
             .map_or("", |r| r.name.as_str());
-        format!("{name}-v{}", self.outcome.policy_version)
+        (name, self.outcome.policy_version)
     }
 
     /// On OVER_LIMIT: the wait until this request could pass, ns. `None` when OK, and when it
