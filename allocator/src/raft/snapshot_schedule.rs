@@ -101,12 +101,22 @@ pub(crate) fn spawn<A: App>(raft: Raft<A>, id: NodeId, every: u64) -> JoinHandle
         let mut metrics = raft.metrics();
         // The snapshot a trigger was sent for, and when: one trigger per snapshot reached.
         let mut sent: Option<(u64, Instant)> = None;
+        // This node's slot and the membership (by its log id) it was computed from: the
+        // metrics are published on every pass of openraft's loop, membership rarely changes.
+        let mut slot_of: Option<(Option<openraft::LogId<NodeId>>, Option<Slot>)> = None;
         loop {
             let due = {
-                // Published on every pass of openraft's loop; the check is a few divisions.
                 let m = metrics.borrow_and_update();
+                let membership = *m.membership_config.log_id();
+                let slot = match slot_of {
+                    Some((at, slot)) if at == membership => slot,
+                    _ => {
+                        let slot = Slot::of(id, m.membership_config.membership().voter_ids());
+                        slot_of = Some((membership, slot));
+                        slot
+                    }
+                };
                 let snapshot = next_index(m.snapshot.as_ref());
-                let slot = Slot::of(id, m.membership_config.membership().voter_ids());
                 build_due(next_index(m.last_applied.as_ref()), snapshot, every, slot)
                     .then_some(snapshot)
             };
