@@ -13,9 +13,11 @@ target/debug/allot-agent; ALLOT_PROTO_DIR
 The last line printed is "N passed, M failed".
 """
 
+import atexit
 import http.client
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -48,6 +50,9 @@ descriptors:
 """
 
 GEN = tempfile.mkdtemp(prefix="allot-rls-gen-")
+# The generated modules and the agent's directory go when the run ends (the agent's log is
+# printed on failure first), so repeated runs leave nothing behind in the temp directory.
+atexit.register(shutil.rmtree, GEN, ignore_errors=True)
 
 
 def generate():
@@ -102,6 +107,7 @@ class Agent:
 
     def __init__(self):
         self.dir = tempfile.mkdtemp(prefix="allot-rls-")
+        atexit.register(shutil.rmtree, self.dir, ignore_errors=True)
         policy = os.path.join(self.dir, "policy.yaml")
         with open(policy, "w") as f:
             f.write(POLICY)
