@@ -57,6 +57,29 @@ impl Ask {
     }
 }
 
+/// The demand of a holder that decides centrally, µtok/s, at its decision of `cost` µtok at
+/// `now` (Unix ms) after its previous ask `prev` (within the idle window), for a lease of
+/// `ttl_ms`: a leaky sum over a window of half a lease, w — what is left of the previous
+/// estimate, decayed linearly by the time since it (gone after w), plus the cost spread over w.
+/// At a steady rate of one decision every g ms (g ≤ w) it converges to cost / g (the fixed
+/// point of r = r·(1 − g/w) + cost/w), within a few decisions; a burst adds each decision's cost
+/// over w; after a gap of w or more it starts again from cost / w.
+///
+/// A decision carries no measured demand (the agent measures a key only once it leases it), so
+/// without this each holder's demand read as one decision's cost over a lease whatever its
+/// rate: three gateways deciding 5/s of acme between them claimed 1.5/s, and their region's
+/// part was lowered below its guarantee just as its demand showed (issue 9 item 5: the
+/// guarantee then came back in steps of one handoff each, over about 5 s).
+fn decided_demand(prev: Option<&Ask>, cost: Micros, ttl_ms: u64, now: u64) -> u64 {
+    let w = u128::from((ttl_ms / 2).max(1));
+    let fresh = u128::from(cost) * 1000 / w;
+    let left = prev.map_or(0, |p| {
+        let dt = u128::from(now.saturating_sub(p.at_ms));
+        u128::from(p.rate_per_s(ttl_ms)) * w.saturating_sub(dt) / w
+    });
+    u64::try_from(left.saturating_add(fresh)).unwrap_or(u64::MAX)
+}
+
 /// How long a region counts as busy after its last Acquire, ms: a holder with demand renews
 /// before its allocation dies, at most a lease plus the drift after its previous grant.
 pub(super) fn idle_after_ms(rule: &Rule) -> u64 {
@@ -207,14 +230,18 @@ impl Ledger {
         let before = asks.len();
         asks.retain(|_, x| x.at_ms.saturating_add(idle) > now);
         // Only asks within the idle window are left: the holder's run goes on, or starts now.
-        let (denied_at_ms, since_ms) = asks
-            .get(d.holder)
-            .map_or((0, now), |x| (x.denied_at_ms, x.since_ms));
+        let prev = asks.get(d.holder).copied();
+        let (denied_at_ms, since_ms) = prev.map_or((0, now), |x| (x.denied_at_ms, x.since_ms));
+        let demand_per_s = if d.allocates || d.demand_per_s > 0 {
+            d.demand_per_s
+        } else {
+            decided_demand(prev.as_ref(), d.want, rule.lease.ttl_ms, now)
+        };
         asks.insert(
             holder,
             Ask {
                 want: d.want,
-                demand_per_s: d.demand_per_s,
+                demand_per_s,
                 at_ms: now,
                 denied_at_ms,
                 since_ms,
@@ -534,6 +561,50 @@ mod tests {
         let later = t0 + 3 * idle - 2;
         l.record_ask(&kid, "ap-south", &ask, &rule, later);
         assert_eq!(since(&l), later);
+    }
+
+    #[test]
+    fn a_holder_deciding_centrally_is_measured_at_its_rate_of_decisions() {
+        let ttl = 2_000;
+        let ask = |demand_per_s, at_ms| Ask {
+            want: 0,
+            demand_per_s,
+            at_ms,
+            denied_at_ms: 0,
+            since_ms: 0,
+        };
+        // The first decision of a run: its cost over half a lease.
+        assert_eq!(decided_demand(None, T, ttl, 10_000), T);
+        // One decision every 600 ms converges to 1/0.6 s = 1.67 tokens/s within a few
+        // decisions (the old reading: 0.5 tokens/s, a decision's cost over a lease).
+        let (mut r, mut at) = (decided_demand(None, T, ttl, 0), 0);
+        let mut seen = Vec::new();
+        for _ in 0..6 {
+            let next = at + 600;
+            r = decided_demand(Some(&ask(r, at)), T, ttl, next);
+            at = next;
+            seen.push(r * 100 / T);
+        }
+        assert_eq!(seen, vec![140, 156, 162, 164, 165, 166]);
+        // The fixed point is exact: cost / g.
+        assert_eq!(
+            decided_demand(Some(&ask(5 * T / 3, 0)), T, ttl, 600),
+            5 * T / 3
+        );
+        // A burst adds each decision's cost over the window.
+        assert_eq!(decided_demand(Some(&ask(T, 7)), T, ttl, 7), 2 * T);
+        // After a gap of the window or more, it starts again.
+        assert_eq!(decided_demand(Some(&ask(9 * T, 0)), T, ttl, 1_000), T);
+        assert_eq!(decided_demand(Some(&ask(9 * T, 0)), T, ttl, u64::MAX), T);
+        // A previous ask with measured demand (an Acquire) is carried the same way.
+        assert_eq!(decided_demand(Some(&ask(4 * T, 0)), T, ttl, 500), 3 * T);
+        // Extremes: a lease of 0 or 1 ms, a huge cost or demand saturate instead of overflowing.
+        assert_eq!(decided_demand(None, T, 0, 0), 1_000 * T);
+        assert_eq!(decided_demand(None, u64::MAX, ttl, 0), u64::MAX);
+        assert_eq!(
+            decided_demand(Some(&ask(u64::MAX, 0)), u64::MAX, ttl, 0),
+            u64::MAX
+        );
     }
 
     #[test]

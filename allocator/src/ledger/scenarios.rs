@@ -452,11 +452,18 @@ impl Driver {
     }
 }
 
+/// The acme deployment: three gateways in eu-west and three in us-east, deciding centrally
+/// until promoted when `central` (as gateways that have never seen the key do).
+fn acme(central: bool) -> Driver {
+    let mut d = Driver::new(ACME, "acme", 2000, 8);
+    d.add_gateways("eu-west", 3, central);
+    d.add_gateways("us-east", 3, central);
+    d
+}
+
 #[test]
 fn only_eu_west_busy_gets_the_whole_contract_without_an_operator() {
-    let mut d = Driver::new(ACME, "acme", 2000, 8);
-    d.gateways("eu-west", 3);
-    d.gateways("us-east", 3);
+    let mut d = acme(false);
     d.offer("eu-west", 15);
     d.run(30_000);
     let (allot, ideal) = (d.admitted(), d.ideal_admitted);
@@ -753,4 +760,36 @@ fn skew_with_rates_is_at_eu_west_demand_from_the_first_second_as_lumps_are() {
     lumps.holds("eu-west", 640, 0..10);
     let d = skew_run(true);
     d.holds("eu-west", 640, 1..10);
+}
+
+#[test]
+fn a_region_deciding_centrally_keeps_a_part_that_covers_its_rate_of_decisions() {
+    // acme with eu-west offered 7/s and, from 0.3 s, us-east 4/s over three gateways each; at
+    // 1.3/s a gateway never admits the 4 tokens within a lease that would promote it, so
+    // us-east's demand shows only as central decisions (issue 9 item 5). Its part must cover
+    // that demand (40 % of the contract) once the key is no longer fresh, so the tokens it
+    // uses are its own and not borrowed from a hungry eu-west; a decision counted as its cost
+    // over a lease claimed 33.75 % and stayed there.
+    let mut d = acme(true);
+    d.offer("eu-west", 7);
+    d.run(300);
+    d.offer("us-east", 4);
+    d.run(3_000);
+    let us_part = |d: &Driver| {
+        let ks = d.ledger.keys.values().next().expect("the key");
+        ks.parts.effective("us-east")
+    };
+    for _ in 0..28 {
+        d.run(250);
+        let part = us_part(&d);
+        assert!(
+            part >= 400_000,
+            "us-east's part {part} ppm at +{} ms",
+            d.now - T0
+        );
+    }
+    assert!(d.admitted() <= 40 + 10 * 10, "{}", d.admitted());
+    for sec in 2..10 {
+        assert_eq!(d.admitted_in("us-east", sec), 4, "us-east in second {sec}");
+    }
 }
