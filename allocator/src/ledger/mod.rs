@@ -661,6 +661,12 @@ impl Ledger {
         Ok(())
     }
 
+    /// The earliest `dead_at` of a live allocation, Unix ms (ledger time); `None` when none is
+    /// live. A tick before it expires nothing (the leader's ticker, `daemon::ticker`).
+    pub fn next_expiry_ms(&self) -> Option<u64> {
+        self.deadlines.get_min().map(|&(dead_at, _)| dead_at)
+    }
+
     /// Expires every allocation dead at `now`: its unreported tokens stay spent (stranded).
     fn expire(&mut self, now: u64) {
         while let Some(&(dead_at, id)) = self.deadlines.get_min() {

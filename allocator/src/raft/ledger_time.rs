@@ -160,6 +160,13 @@ impl LedgerTime {
         &self.clock
     }
 
+    /// The leader term of the last stamp this node applied (`None`: none yet, or a restored or
+    /// installed one). A leader whose own term is not this yet anchors nothing of its own, so
+    /// its ticker proposes a tick at once (module docs: the anchor starts afresh each term).
+    pub fn term(&self) -> Option<u64> {
+        self.known.lock().term
+    }
+
     /// Records that the state machine restored, or installed from a snapshot, ledger time
     /// `stamp_ms` now: the anchor starts afresh there. A stamp of 0 is no time at all (nothing
     /// stamped yet) and anchors nothing.
