@@ -13,15 +13,19 @@
 //! holders stop spending at their own deadlines; an allocation only expires, and its tokens
 //! return, a little later.
 //!
-//! A tick changes the ledger only through the allocations it expires: everything else a tick
-//! at a stamp does — forgetting remembered answers, ended allocations and idle keys — is
-//! bookkeeping that may come later without changing any answer (remembering longer is the safe
-//! side). So a period without an applied entry proposes a tick only when the earliest live
-//! allocation's `dead_at` has come by ledger time, when this leader has applied no stamp of its
-//! own term yet (its first tick anchors ledger time in the new term, `raft::ledger_time`), or
-//! when [`HYGIENE_PERIODS`] periods passed without any entry. Between the bursts of agents that renew together once a report interval,
-//! the quiet quarter-seconds no longer cost an entry each (issue 9, lease traffic: about 2 of
-//! the 10 entries a second of `lease-acme` were such ticks).
+//! What a tick must do on time is expire allocations: everything else a tick at a stamp does —
+//! forgetting remembered answers, ended allocations and keys idle for a minute — is bookkeeping
+//! whose moment already depended on when entries happened to come, and may come later. Later
+//! changes only which request finds such a thing forgotten: a retried Release of an ended
+//! allocation may be answered as released rather than as ended-and-forgotten (both tell the holder
+//! it is over), and a key idle for a minute may be kept, not forgotten and created afresh, when its
+//! next request comes (its bucket is full either way; a new key counts as fresh in the regional
+//! division, §5). So a period without an applied entry proposes a tick only when the earliest live
+//! allocation's `dead_at` has come by ledger time, when this leader has applied no stamp of its own
+//! term yet (its first tick anchors ledger time in the new term, `raft::ledger_time`), or when
+//! [`HYGIENE_PERIODS`] periods passed without any entry. Between the bursts of agents that renew
+//! together once a report interval, the quiet quarter-seconds no longer cost an entry each (issue
+//! 9, lease traffic: about 2 of the 10 entries a second of `lease-acme` were such ticks).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -57,11 +61,9 @@ pub fn spawn_ticker(node: Arc<Node<Ledger>>, every: Duration) -> JoinHandle<()> 
                 continue;
             }
             let time = node.ledger_time();
-            let since = time.since_applied_ns();
             let anchored = time.term() == Some(term);
             let expiring = || expiry_due(node.state().read(|l| l.next_expiry_ms()), time.now_ms());
-            let needed = !anchored || expiring() || tick_due(since, every * HYGIENE_PERIODS);
-            if !tick_due(since, every) || !needed {
+            if !tick_wanted(time.since_applied_ns(), every, anchored, expiring) {
                 continue;
             }
             match tokio::time::timeout(every * 4, node.propose(Command::Tick)).await {
@@ -78,6 +80,22 @@ pub fn spawn_ticker(node: Arc<Node<Ledger>>, every: Duration) -> JoinHandle<()> 
 fn tick_due(since_applied_ns: Option<u64>, every: Duration) -> bool {
     let every_ns = u64::try_from(every.as_nanos()).unwrap_or(u64::MAX);
     since_applied_ns.is_none_or(|ns| ns >= every_ns)
+}
+
+/// Whether the leader should propose a tick now, `since_applied_ns` after its last applied stamp
+/// that moved ledger time (`None`: none yet): only after a whole period `every` without one, and
+/// then only when its own term has no stamp yet (`anchored` false), an allocation is due to
+/// expire (`expiring`, asked last: it reads the ledger), or [`HYGIENE_PERIODS`] periods passed.
+fn tick_wanted(
+    since_applied_ns: Option<u64>,
+    every: Duration,
+    anchored: bool,
+    expiring: impl FnOnce() -> bool,
+) -> bool {
+    tick_due(since_applied_ns, every)
+        && (!anchored
+            || tick_due(since_applied_ns, every.saturating_mul(HYGIENE_PERIODS))
+            || expiring())
 }
 
 /// Whether the earliest live allocation's `dead_at` (`next`, Unix ms; `None`: none live) has
@@ -110,6 +128,33 @@ mod tests {
         assert!(tick_due(Some(0), Duration::ZERO));
         assert!(!tick_due(Some(u64::MAX - 1), Duration::MAX));
         assert!(tick_due(Some(u64::MAX), Duration::MAX));
+    }
+
+    #[test]
+    fn a_quiet_leader_ticks_for_its_first_stamp_an_expiry_or_hygiene() {
+        let every = Duration::from_millis(250);
+        let ms = |n: u64| Some(n * 1_000_000);
+        let never = || -> bool { panic!("the ledger is not read") };
+        // Within a period of an applied stamp: never, and the ledger is not read.
+        assert!(!tick_wanted(ms(249), every, false, never));
+        // A quiet period with nothing due: no tick, until eight periods passed.
+        assert!(!tick_wanted(ms(250), every, true, || false));
+        assert!(!tick_wanted(ms(1_999), every, true, || false));
+        assert!(tick_wanted(ms(2_000), every, true, never));
+        // An allocation due to expire: a tick after one period.
+        assert!(tick_wanted(ms(250), every, true, || true));
+        // A leader with no stamp of its own term yet: a tick after one period, whatever is due.
+        assert!(tick_wanted(ms(250), every, false, never));
+        // Nothing applied yet: a tick at once.
+        assert!(tick_wanted(None, every, true, || false));
+        // Extremes: the hygiene period saturates instead of overflowing.
+        assert!(!tick_wanted(
+            Some(u64::MAX - 1),
+            Duration::MAX,
+            false,
+            never
+        ));
+        assert!(tick_wanted(Some(u64::MAX), Duration::MAX, true, || false));
     }
 
     #[test]

@@ -48,7 +48,8 @@ impl Ledger {
                 reason: format!("must be from 1 to {max_cost} microtokens, got {}", d.cost),
             });
         }
-        // A decision is demand too: its cost, as if wanted over one lease.
+        // A decision is demand too: its cost, and its holder's rate of decisions as the ledger
+        // measures it (`division::decided_demand`).
         let demand = Demand {
             holder: &d.holder,
             want: d.cost,

@@ -34,8 +34,9 @@ pub(super) struct Demand<'a> {
 pub(super) struct Ask {
     /// Microtokens wanted over one lease period.
     pub(super) want: Micros,
-    /// Measured demand, microtokens per second; 0 when the holder did not say. An admitted
-    /// central decision records its cost spread over one lease here (`note_served`).
+    /// Measured demand, microtokens per second; 0 when the holder did not say. A central
+    /// decision records the ledger's own estimate of its holder's rate of decisions here
+    /// ([`decided_demand`]).
     pub(super) demand_per_s: u64,
     /// When it asked, Unix ms.
     pub(super) at_ms: u64,
@@ -59,11 +60,16 @@ impl Ask {
 
 /// The demand of a holder that decides centrally, µtok/s, at its decision of `cost` µtok at
 /// `now` (Unix ms) after its previous ask `prev` (within the idle window), for a lease of
-/// `ttl_ms`: a leaky sum over a window of half a lease, w — what is left of the previous
-/// estimate, decayed linearly by the time since it (gone after w), plus the cost spread over w.
-/// At a steady rate of one decision every g ms (g ≤ w) it converges to cost / g (the fixed
-/// point of r = r·(1 − g/w) + cost/w), within a few decisions; a burst adds each decision's cost
-/// over w; after a gap of w or more it starts again from cost / w.
+/// `ttl_ms`:
+/// * after a gap g shorter than half a lease, w: a leaky sum — what is left of the previous
+///   estimate, decayed linearly by g, plus the cost spread over w. At one decision every g ms
+///   it converges to cost / g (the fixed point of r = r·(1 − g/w) + cost/w) within a few
+///   decisions; a burst adds each decision's cost over w;
+/// * after a gap g of w or more: cost / g, the rate the gap itself shows (a sparse holder is
+///   not read as busier than it is);
+/// * the first decision of a run (no ask within the idle window): cost / ttl, as before this
+///   estimate existed (one decision says nothing about the rate; while the run is young its
+///   region claims at least its guarantee anyway, `Seen::claim`).
 ///
 /// A decision carries no measured demand (the agent measures a key only once it leases it), so
 /// without this each holder's demand read as one decision's cost over a lease whatever its
@@ -71,13 +77,17 @@ impl Ask {
 /// part was lowered below its guarantee just as its demand showed (issue 9 item 5: the
 /// guarantee then came back in steps of one handoff each, over about 5 s).
 fn decided_demand(prev: Option<&Ask>, cost: Micros, ttl_ms: u64, now: u64) -> u64 {
+    let per = |ms: u128| u64::try_from(u128::from(cost) * 1000 / ms.max(1)).unwrap_or(u64::MAX);
+    let Some(p) = prev else {
+        return per(u128::from(ttl_ms));
+    };
     let w = u128::from((ttl_ms / 2).max(1));
-    let fresh = u128::from(cost) * 1000 / w;
-    let left = prev.map_or(0, |p| {
-        let dt = u128::from(now.saturating_sub(p.at_ms));
-        u128::from(p.rate_per_s(ttl_ms)) * w.saturating_sub(dt) / w
-    });
-    u64::try_from(left.saturating_add(fresh)).unwrap_or(u64::MAX)
+    let dt = u128::from(now.saturating_sub(p.at_ms));
+    if dt >= w {
+        return per(dt);
+    }
+    let left = u128::from(p.rate_per_s(ttl_ms)) * (w - dt) / w;
+    u64::try_from(left.saturating_add(u128::from(per(w)))).unwrap_or(u64::MAX)
 }
 
 /// How long a region counts as busy after its last Acquire, ms: a holder with demand renews
@@ -265,8 +275,9 @@ impl Ledger {
 
     /// Notes that `d.holder`'s central decision for `kid` in `region` was admitted: its
     /// cost is debited already, so its ask keeps no want outstanding (a busy region's keep and
-    /// the max-min inside the region hold nothing back for it), and its demand stays the cost
-    /// spread over one lease of `ttl_ms` (the region's claim does not change). Without this a
+    /// the max-min inside the region hold nothing back for it), and its demand stays what
+    /// [`decided_demand`] measured (the region's claim does not change; `ttl_ms` spreads the
+    /// want when nothing was measured). Without this a
     /// served burst reserved its own cost a second time against a borrower (issue 9, skewed
     /// part a: an Acquire granted 6 of the 11 tokens left).
     pub(super) fn note_served(&mut self, kid: &KeyId, region: &str, d: &Demand<'_>, ttl_ms: u64) {
@@ -573,8 +584,8 @@ mod tests {
             denied_at_ms: 0,
             since_ms: 0,
         };
-        // The first decision of a run: its cost over half a lease.
-        assert_eq!(decided_demand(None, T, ttl, 10_000), T);
+        // The first decision of a run: its cost over a lease (nothing known of its rate).
+        assert_eq!(decided_demand(None, T, ttl, 10_000), T / 2);
         // One decision every 600 ms converges to 1/0.6 s = 1.67 tokens/s within a few
         // decisions (the old reading: 0.5 tokens/s, a decision's cost over a lease).
         let (mut r, mut at) = (decided_demand(None, T, ttl, 0), 0);
@@ -585,7 +596,14 @@ mod tests {
             at = next;
             seen.push(r * 100 / T);
         }
-        assert_eq!(seen, vec![140, 156, 162, 164, 165, 166]);
+        assert_eq!(seen, vec![120, 148, 159, 163, 165, 166]);
+        // A sparse holder is read at the rate its gap shows, never above it: one decision
+        // every 1.5 s or 2 s is 0.67 or 0.5 tokens/s.
+        assert_eq!(
+            decided_demand(Some(&ask(T / 2, 0)), T, ttl, 1_500),
+            2 * T / 3
+        );
+        assert_eq!(decided_demand(Some(&ask(9 * T, 0)), T, ttl, 2_000), T / 2);
         // The fixed point is exact: cost / g.
         assert_eq!(
             decided_demand(Some(&ask(5 * T / 3, 0)), T, ttl, 600),
@@ -593,14 +611,20 @@ mod tests {
         );
         // A burst adds each decision's cost over the window.
         assert_eq!(decided_demand(Some(&ask(T, 7)), T, ttl, 7), 2 * T);
-        // After a gap of the window or more, it starts again.
+        // After a gap of the window or more, the gap alone: at exactly w, cost / w (where the
+        // leaky sum ends, so the two agree there).
         assert_eq!(decided_demand(Some(&ask(9 * T, 0)), T, ttl, 1_000), T);
-        assert_eq!(decided_demand(Some(&ask(9 * T, 0)), T, ttl, u64::MAX), T);
+        assert_eq!(
+            decided_demand(Some(&ask(9 * T, 0)), T, ttl, 999),
+            9 * T / 1000 + T
+        );
+        assert_eq!(decided_demand(Some(&ask(9 * T, 0)), T, ttl, u64::MAX), 0);
         // A previous ask with measured demand (an Acquire) is carried the same way.
         assert_eq!(decided_demand(Some(&ask(4 * T, 0)), T, ttl, 500), 3 * T);
         // Extremes: a lease of 0 or 1 ms, a huge cost or demand saturate instead of overflowing.
         assert_eq!(decided_demand(None, T, 0, 0), 1_000 * T);
-        assert_eq!(decided_demand(None, u64::MAX, ttl, 0), u64::MAX);
+        assert_eq!(decided_demand(Some(&ask(T, 5)), T, 0, 5), 1_000 * T + T);
+        assert_eq!(decided_demand(None, u64::MAX, 1, 0), u64::MAX);
         assert_eq!(
             decided_demand(Some(&ask(u64::MAX, 0)), u64::MAX, ttl, 0),
             u64::MAX

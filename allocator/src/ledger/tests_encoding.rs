@@ -98,8 +98,7 @@ fn scenario() -> Vec<u8> {
 /// The two snapshots in [`BEFORE`] as the ledger writes them since an admitted central
 /// decision keeps no want outstanding (issue 9, skewed part a; see `note_served`): the
 /// fixture's one Decide (gw4, one token, lease 2 s) asks for nothing more and shows its cost
-/// spread over half a lease, 1 token/s of demand (the first decision of its holder; see
-/// `decided_demand`). Only that state changed, not the layout: every other byte is the
+/// as 0.5 tokens/s of demand. Only that state changed, not the layout: every other byte is the
 /// fixture's, decoded and encoded again.
 fn before_with_served_decisions() -> Vec<u8> {
     let cfg = bincode::config::standard();
@@ -115,7 +114,7 @@ fn before_with_served_decisions() -> Vec<u8> {
                 continue;
             };
             assert_eq!((x.want, x.demand_per_s), (T, 0), "the fixture's Decide");
-            (x.want, x.demand_per_s) = (0, T);
+            (x.want, x.demand_per_s) = (0, T / 2);
             patched += 1;
         }
         assert_eq!(patched, 1, "the fixture holds one Decide");
