@@ -273,13 +273,12 @@ impl Ledger {
         }
     }
 
-    /// Notes that `d.holder`'s central decision for `kid` in `region` was admitted: its
-    /// cost is debited already, so its ask keeps no want outstanding (a busy region's keep and
-    /// the max-min inside the region hold nothing back for it), and its demand stays what
-    /// [`decided_demand`] measured (the region's claim does not change; `ttl_ms` spreads the
-    /// want when nothing was measured). Without this a
-    /// served burst reserved its own cost a second time against a borrower (issue 9, skewed
-    /// part a: an Acquire granted 6 of the 11 tokens left).
+    /// Notes that `d.holder`'s central decision for `kid` in `region` was admitted: its cost is
+    /// debited already, so its ask keeps no want outstanding (a busy region's keep and the max-min
+    /// inside the region hold nothing back for it), and its demand stays what [`decided_demand`]
+    /// measured (the region's claim does not change; `ttl_ms` spreads the want when nothing was
+    /// measured). Without this a served burst reserved its own cost a second time against a
+    /// borrower (issue 9, skewed part a: an Acquire granted 6 of the 11 tokens left).
     pub(super) fn note_served(&mut self, kid: &KeyId, region: &str, d: &Demand<'_>, ttl_ms: u64) {
         if let Some(x) = self
             .demands
