@@ -203,6 +203,49 @@ fn allocations_are_not_spent_past_their_local_deadline() {
     assert_eq!(decide(&r, &[("tenant", "acme")], None).0, Code::OverLimit);
 }
 
+/// Running low (below the watermark), a key asks at once when what it holds will not last
+/// until the next pass — after a grant short of its ask, only when it will not last an eighth
+/// of the pass interval: the allocator's bucket was what it had, and asking again while the
+/// key still holds most of that finds it nearly as empty (issue 9, lease-1000: about six
+/// Acquires per agent a second at the contract's rate, a Raft entry each).
+#[test]
+fn a_key_running_low_after_a_short_grant_asks_only_just_before_it_runs_dry() {
+    let mut r = rig();
+    let acme = [("tenant", "acme")];
+    decide(&r, &acme, None);
+    let kl = key(&r, &acme, 0);
+    // 10 tokens/s: a second's need is 10, an eighth of it 1.25.
+    kl.value.demand_per_s.store(10 * T, Ordering::Relaxed);
+    let drain = |r: &mut Rig| while r.events.try_recv().is_ok() {};
+    // A full grant of 3: the first decision leaves 2 (< 5, a quarter of the max grant of 20,
+    // and < 10): it asks now.
+    drain(&mut r);
+    install(&r, &acme, 0, 1, 3 * T, 5000);
+    assert_eq!(decide(&r, &acme, None).0, Code::Ok);
+    assert!(matches!(r.events.try_recv(), Ok(LeaseEvent::Acquire(_))));
+    // The answer is a short grant of 3 (no hold), 5 tokens held: 4, 3 and 2 left ask nothing.
+    let short = Arc::new(HeldAllocation::new(
+        2,
+        2,
+        3 * T,
+        r.clock_now() + 5000 * MS,
+        0,
+        1,
+    ));
+    kl.value.protocol.install_answer(short, 0, true);
+    drain(&mut r);
+    for _ in 0..3 {
+        assert_eq!(decide(&r, &acme, None).0, Code::Ok);
+    }
+    assert!(
+        r.events.try_recv().is_err(),
+        "no Acquire while most is left"
+    );
+    // 1 left (< 1.25): it asks before running dry.
+    assert_eq!(decide(&r, &acme, None).0, Code::Ok);
+    assert!(matches!(r.events.try_recv(), Ok(LeaseEvent::Acquire(_))));
+}
+
 #[test]
 fn a_local_denial_cancels_the_leased_reservation() {
     let r = rig();

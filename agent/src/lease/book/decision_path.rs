@@ -120,7 +120,7 @@ impl LeaseBook {
         // left will not last until then. A key whose rate still accrues renews at the pass
         // (design §9): what it spends as it accrues never drives it into an Acquire per token.
         if remaining < percent_of(rule.max_grant, self.settings.low_watermark_pct)
-            && remaining < self.need_until_pass(v, cost)
+            && remaining < self.need_soon(v, cost)
             && !allocs.iter().any(|a| a.accrues(now))
         {
             v.sizing.follow(rule);
@@ -134,11 +134,23 @@ impl LeaseBook {
         }
     }
 
-    /// What the key will spend until the next maintenance pass at its measured demand, at
-    /// least one more request of `cost`, microtokens.
-    fn need_until_pass(&self, v: &KeyLease, cost: Micros) -> Micros {
-        v.demand_over(ms(self.settings.report_interval_ms))
-            .max(cost)
+    /// What the key will spend, at its measured demand, before an Acquire sent now should be
+    /// answered, at least one more request of `cost`, microtokens: until the next maintenance
+    /// pass; after a grant short of its ask, only over an eighth of the pass interval.
+    ///
+    /// A short grant says the allocator's bucket was what it had, and asking again while the
+    /// key still holds most of that finds the bucket nearly as empty: at the contract's own
+    /// rate (lease-1000) each agent made about six Acquires a second so, a Raft entry for a
+    /// few tokens each. Asking only when what is left covers an eighth of an interval still
+    /// asks before the key runs dry (a decision then waits for the call, a round trip), and a
+    /// key far over its limit, whose short grants last less than that, asks as before.
+    fn need_soon(&self, v: &KeyLease, cost: Micros) -> Micros {
+        let interval = ms(self.settings.report_interval_ms);
+        let horizon = match v.protocol.last_grant_short() {
+            true => interval / 8,
+            false => interval,
+        };
+        v.demand_over(horizon).max(cost)
     }
 
     /// Everything but the hot path: the fuse, then the key's allocations, then — nothing held
