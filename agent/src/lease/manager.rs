@@ -630,8 +630,11 @@ fn applied_decide(book: &LeaseBook, v: &KeyLease, cost: Micros, answer: Answer, 
         Answer::Done(Outcome::Decide(d)) if d.allowed => {
             v.protocol.record_reachable();
             // Usable for the drift margin: the waiting request re-decides at once.
-            v.protocol
-                .add_credit(cost, now.saturating_add(ms(s.drift_margin_ms.max(1))));
+            v.protocol.add_central_credit(
+                cost,
+                d.remaining,
+                now.saturating_add(ms(s.drift_margin_ms.max(1))),
+            );
         }
         Answer::Done(Outcome::Decide(d)) => {
             let wait = if d.never {

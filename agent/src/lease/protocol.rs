@@ -72,6 +72,10 @@ pub struct KeyProtocol {
     credit: AtomicU64,
     /// The credit is void from this time, ns: a central admission is used at once or never.
     credit_until: AtomicU64,
+    /// What the allocator's pool for this key held after its last central admission, µtokens
+    /// (`DecideResponse.remaining`): with the credit still unspent, what a centrally admitted
+    /// request reports as its remaining (the RateLimit headers), not 0.
+    central_remaining: AtomicU64,
     /// The allocator's last answer to an Acquire was short of what was asked (a smaller grant
     /// or a denial): what the key holds and accrues is all it gets for now, so a decision it
     /// does not cover is denied until the rate accrues instead of asking again.
@@ -126,6 +130,13 @@ impl KeyProtocol {
         self.leased.swap(leased, Ordering::AcqRel) != leased
     }
 
+    /// [`add_credit`](Self::add_credit) for a central admission whose answer said the
+    /// allocator's pool held `remaining` µtokens after it.
+    pub fn add_central_credit(&self, micros: Micros, remaining: Micros, until: Nanos) {
+        self.central_remaining.store(remaining, Ordering::Release);
+        self.add_credit(micros, until);
+    }
+
     /// Adds `micros` the allocator admitted centrally, usable until `until` (ns).
     pub fn add_credit(&self, micros: Micros, until: Nanos) {
         self.credit_until.fetch_max(until, Ordering::AcqRel);
@@ -136,16 +147,21 @@ impl KeyProtocol {
             });
     }
 
-    /// Spends `cost` of the central credit at `now`; false when it does not cover it (a void
-    /// credit is dropped: tokens the allocator debited and nobody used are lost, never late).
-    pub fn take_credit(&self, cost: Micros, now: Nanos) -> bool {
+    /// Spends `cost` of the central credit at `now`: what remains for the key then, µtokens
+    /// (the allocator's pool after its last central admission and the credit still unspent);
+    /// `None` when the credit does not cover it (a void credit is dropped: tokens the
+    /// allocator debited and nobody used are lost, never late).
+    pub fn take_credit(&self, cost: Micros, now: Nanos) -> Option<Micros> {
         if now >= self.credit_until.load(Ordering::Acquire) {
             self.credit.store(0, Ordering::Release);
-            return false;
+            return None;
         }
-        self.credit
+        let before = self
+            .credit
             .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |c| c.checked_sub(cost))
-            .is_ok()
+            .ok()?;
+        let pool = self.central_remaining.load(Ordering::Acquire);
+        Some(pool.saturating_add(before - cost))
     }
 
     /// Replaces the allocation list; the caller holds [`lock_writes`](Self::lock_writes).
@@ -436,16 +452,20 @@ mod tests {
     #[test]
     fn central_credit_is_spent_once_and_void_after_its_time() {
         let p = KeyProtocol::default();
-        assert!(!p.take_credit(1, 0));
+        assert_eq!(p.take_credit(1, 0), None);
         p.add_credit(3, 10);
-        assert!(p.take_credit(2, 9));
-        assert!(!p.take_credit(2, 9), "only 1 left");
-        assert!(!p.take_credit(1, 10), "void at its time");
-        assert!(!p.take_credit(1, 5), "and dropped");
+        assert_eq!(p.take_credit(2, 9), Some(1), "1 of the credit left");
+        assert_eq!(p.take_credit(2, 9), None, "only 1 left");
+        assert_eq!(p.take_credit(1, 10), None, "void at its time");
+        assert_eq!(p.take_credit(1, 5), None, "and dropped");
+        // A central admission reports the allocator's pool after it, plus the credit unspent.
+        p.add_central_credit(2, 40, 20);
+        assert_eq!(p.take_credit(1, 15), Some(41));
+        assert_eq!(p.take_credit(1, 15), Some(40));
         p.add_credit(u64::MAX, u64::MAX);
         p.add_credit(1, 0);
         assert!(
-            p.take_credit(u64::MAX, u64::MAX - 1),
+            p.take_credit(u64::MAX, u64::MAX - 1).is_some(),
             "saturated, not wrapped"
         );
         assert!(!p.is_leased());

@@ -32,7 +32,7 @@ use allot_allocator::raft::{
 use allot_common::clock::{Clock, ManualClock, MonotonicClock};
 use allot_common::config::ConfigSet;
 use allot_common::descriptor::{Descriptor, Entry, Request};
-use allot_common::limiter::{Code, Outcome};
+use allot_common::limiter::{Code, DescriptorStatus, Outcome};
 use allot_common::RetryAfter;
 use allot_proto::allot::v1 as pb;
 use allot_proto::allot::v1::agent_client::AgentClient;
@@ -297,6 +297,16 @@ impl Drop for RealAgent {
 }
 
 async fn decide_on(g: &Decider, domain: &str, key: &str, value: &str) -> Outcome {
+    decide_with_statuses(g, domain, key, value).await.0
+}
+
+/// [`decide_on`], with the descriptor statuses (remaining, reset) of the answer.
+async fn decide_with_statuses(
+    g: &Decider,
+    domain: &str,
+    key: &str,
+    value: &str,
+) -> (Outcome, Vec<DescriptorStatus>) {
     let entries = [Entry { key, value }];
     let ds = [Descriptor {
         entries: &entries,
@@ -308,10 +318,12 @@ async fn decide_on(g: &Decider, domain: &str, key: &str, value: &str) -> Outcome
         hits_addend: None,
     };
     let mut statuses = Vec::new();
-    g.enforcer()
+    let o = g
+        .enforcer()
         .decide(&req, &mut statuses)
         .await
-        .expect("valid request")
+        .expect("valid request");
+    (o, statuses)
 }
 
 /// Decides through the gateway (what RLS, native gRPC and HTTP call) and returns the verdict's
@@ -1092,7 +1104,10 @@ async fn sparse_keys_are_decided_centrally_then_promoted_to_leases() {
         |s| s.promote_tokens = 4,
     );
     for i in 0..3 {
-        assert_eq!(agent.decide("one", "bulk", "c").await.code, Code::Ok, "{i}");
+        // Each answer reports what the allocator's bucket holds after it (burst 100), as a
+        // central counter would: not 0 (what this agent holds) nor its own share.
+        let (o, st) = decide_with_statuses(&agent.decider, "one", "bulk", "c").await;
+        assert_eq!((o.code, st[0].remaining), (Code::Ok, 99 - i), "{i}");
     }
     assert_eq!(agent.counter(|c| &c.central_admits), 3);
     assert_eq!(agent.counter(|c| &c.acquires), 0);

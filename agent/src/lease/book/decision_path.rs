@@ -198,8 +198,8 @@ impl LeaseBook {
                 cold: false,
             };
         }
-        if take && v.protocol.take_credit(cost, now) {
-            return self.admitted_centrally(kl, rule, cost, now, mode, fused);
+        if let Some(left) = take.then(|| v.protocol.take_credit(cost, now)).flatten() {
+            return self.admitted_centrally(kl, rule, (cost, left), now, mode, fused);
         }
         if take && now < v.protocol.denied_until() {
             // The allocator has said it has no more for this key now: the emergency reserve
@@ -331,7 +331,7 @@ impl LeaseBook {
         &self,
         kl: &Arc<Keyed<KeyLease>>,
         rule: &KeyRule,
-        cost: Micros,
+        (cost, left): (Micros, Micros),
         now: Nanos,
         mode: Mode,
         fused: bool,
@@ -350,7 +350,9 @@ impl LeaseBook {
             self.counters.promotions.fetch_add(1, Ordering::Relaxed);
         }
         GlobalDecision {
-            decision: allowed(0, &rule.params),
+            // What the allocator's pool held after admitting it (and credit not yet used):
+            // the global figure, as an ideal central counter would report it.
+            decision: allowed(left, &rule.params),
             reservation: (mode == Mode::Reserve)
                 .then(|| LeaseReservation::Central(kl.clone(), cost, fused)),
             cold: false,
