@@ -342,6 +342,11 @@ const LEASE_COUNTERS: &[(&str, &str, LeaseCounter)] = &[
         |c| &c.rpc_errors,
     ),
     (
+        "allot_agent_allocator_unreachable_episodes",
+        "Times the allocator went from answering to not answering",
+        |c| &c.unreachable_episodes,
+    ),
+    (
         "allot_agent_emergency_admits",
         "Decisions admitted from an emergency bucket while the allocator was unreachable",
         |c| &c.emergency_admits,

@@ -573,6 +573,7 @@ pub fn status(g: &Decider) -> Value {
             "reports": c.reports.load(Ordering::Relaxed),
             "releases": c.releases.load(Ordering::Relaxed),
             "rpc_errors": c.rpc_errors.load(Ordering::Relaxed),
+            "unreachable_episodes": c.unreachable_episodes.load(Ordering::Relaxed),
             "emergency_admits": c.emergency_admits.load(Ordering::Relaxed),
             "failure_denials": c.failure_denials.load(Ordering::Relaxed),
             "fuse_rejects": c.fuse_rejects.load(Ordering::Relaxed),

@@ -774,6 +774,7 @@ async fn three_nodes_leader_stopped_failure_modes_then_recovery() {
     };
 
     // Stop the leader mid-run.
+    let outages = a.counter(|c| &c.unreachable_episodes);
     nodes.stop(leader).await;
     let stopped_at_ms = SystemNodeClock.now_ms();
     // 10 granted − 3 reported on each key: what A may have admitted beyond the allocator's view.
@@ -802,6 +803,11 @@ async fn three_nodes_leader_stopped_failure_modes_then_recovery() {
     }
     assert_eq!(admitted, 7, "every token held stays spendable");
     assert!(!a.book().is_reachable());
+    assert_eq!(
+        a.counter(|c| &c.unreachable_episodes),
+        outages + 1,
+        "one outage, counted once however many calls failed"
+    );
     assert_eq!(
         retry_after_everywhere(&a.decider, "fo", "tenant", "x").await,
         (Some(500 * MS), Some(500), Some("1".to_string()))

@@ -28,6 +28,8 @@ pub struct LeaseCounters {
     pub releases: AtomicU64,
     /// Allocator calls that failed (timeout, unavailable).
     pub rpc_errors: AtomicU64,
+    /// Times the allocator went from answering to not answering (each outage once).
+    pub unreachable_episodes: AtomicU64,
     /// Decisions admitted from an emergency bucket.
     pub emergency_admits: AtomicU64,
     /// Decisions denied because the allocator was unreachable and the failure mode is deny.

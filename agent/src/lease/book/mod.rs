@@ -152,9 +152,22 @@ impl LeaseBook {
         self.reachable.load(Ordering::Relaxed)
     }
 
-    /// Records whether the allocator answered.
+    /// Records whether the allocator answered. A change is logged (a warning when it stops
+    /// answering: global rules then follow their failure modes, and a `deny` rule's 429 looks
+    /// like any other to clients) and an outage is counted (`unreachable_episodes`).
     pub fn set_reachable(&self, up: bool) {
-        self.reachable.store(up, Ordering::Relaxed);
+        match (self.reachable.swap(up, Ordering::Relaxed), up) {
+            (true, false) => {
+                self.counters
+                    .unreachable_episodes
+                    .fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(
+                    "allocator unreachable: global rules follow their failure modes until it answers"
+                );
+            }
+            (false, true) => tracing::info!("allocator reachable again"),
+            _ => {}
+        }
     }
 
     /// Calls `f` with the key's lease state (created on first sight, under the rule's
