@@ -407,7 +407,7 @@ fn json_body(status: StatusCode, value: &impl Serialize) -> Response {
 fn with_headers(mut resp: Response, v: &Verdict) -> Response {
     let h = resp.headers_mut();
     for (k, n) in rate_limit_header_values(v) {
-        if let Ok(k) = HeaderName::from_bytes(k.as_bytes()) {
+        if let Some(k) = header_name(k) {
             h.insert(k, HeaderValue::from(n));
         }
     }
@@ -415,6 +415,18 @@ fn with_headers(mut resp: Response, v: &Verdict) -> Response {
         h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     }
     resp
+}
+
+/// The header named `k` (one of [`rate_limit_header_values`]'s names), without parsing or
+/// copying the name on every answer: HTTP names are case-insensitive and sent in lower case.
+fn header_name(k: &'static str) -> Option<HeaderName> {
+    Some(match k {
+        "RateLimit-Limit" => HeaderName::from_static("ratelimit-limit"),
+        "RateLimit-Remaining" => HeaderName::from_static("ratelimit-remaining"),
+        "RateLimit-Reset" => HeaderName::from_static("ratelimit-reset"),
+        "retry-after" => header::RETRY_AFTER,
+        other => return HeaderName::from_bytes(other.as_bytes()).ok(),
+    })
 }
 
 /// 200 with the decision, or 429 with the rate-limit body ([`HttpAnswer`]), and the headers.
@@ -616,4 +628,27 @@ pub fn router(decider: Arc<Decider>) -> Router {
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
         .with_state(decider)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_names_are_the_ones_parsing_would_give() {
+        for k in [
+            "RateLimit-Limit",
+            "RateLimit-Remaining",
+            "RateLimit-Reset",
+            "retry-after",
+            "X-Other",
+        ] {
+            assert_eq!(
+                header_name(k),
+                HeaderName::from_bytes(k.as_bytes()).ok(),
+                "{k}"
+            );
+        }
+        assert_eq!(header_name("not a name"), None);
+    }
 }
