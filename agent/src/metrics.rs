@@ -386,6 +386,14 @@ const ALLOCATOR_RPCS: &[(&str, LeaseCounter)] = &[
     ("decide", |c| &c.decides),
 ];
 
+/// Acquires queued, by why (`why`): the pass's prefetch, a decision running low, a decision
+/// finding nothing to spend.
+const ACQUIRES_QUEUED: &[(&str, LeaseCounter)] = &[
+    ("prefetch", |c| &c.acquires_prefetch),
+    ("running_low", |c| &c.acquires_running_low),
+    ("cold", |c| &c.acquires_cold),
+];
+
 /// Keys moved between central decisions and leases, by destination (`to`).
 const KEY_MOVES: &[(&str, LeaseCounter)] =
     &[("leased", |c| &c.promotions), ("central", |c| &c.demotions)];
@@ -438,8 +446,8 @@ fn register_requests(meter: &Meter, req: Arc<RequestCounters>) {
         .build();
 }
 
-/// The lease path's counters ([`LeaseCounters`]): those exported alone, and the two labelled
-/// families (allocator work by kind, key moves by destination).
+/// The lease path's counters ([`LeaseCounters`]): those exported alone, and the labelled
+/// families (allocator work by kind, key moves by destination, Acquires queued by why).
 fn register_lease_counters(meter: &Meter, book: &Arc<LeaseBook>) {
     for &(name, description, counter) in LEASE_COUNTERS {
         let b = book.clone();
@@ -466,6 +474,16 @@ fn register_lease_counters(meter: &Meter, book: &Arc<LeaseBook>) {
          (demoted)",
         "to",
         KEY_MOVES,
+    );
+    register_labelled(
+        meter,
+        book,
+        "allot_agent_acquires_queued",
+        "Acquires queued, by why: prefetch (the maintenance pass: what a key holds will not \
+         last until the next pass), running_low (a decision left the key short before the next \
+         pass), cold (a decision found nothing to spend and waits for the answer)",
+        "why",
+        ACQUIRES_QUEUED,
     );
 }
 

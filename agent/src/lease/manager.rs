@@ -15,7 +15,7 @@
 
 use super::allocation::HeldAllocation;
 use super::backoff::Backoff;
-use super::book::{ms, KeyLease, LeaseBook, LeaseEvent};
+use super::book::{ms, AcquireWhy, KeyLease, LeaseBook, LeaseEvent};
 use super::client::AllocatorLink;
 use super::client::CallError;
 use super::close::close_all;
@@ -241,6 +241,7 @@ impl LeaseManager {
         // Queued here, not through the event channel: the prefetch travels in the same `Batch`
         // as this pass's reports, one call (one Raft entry) per agent per tick (issue 9).
         if prefetch_due(&self.book, v, now) && self.book.claim_acquire(kl, now) {
+            self.book.counters.acquire_queued(AcquireWhy::Prefetch);
             self.queue.lock().push(Pending::Acquire(kl.clone()));
         }
     }

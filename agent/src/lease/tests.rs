@@ -244,6 +244,18 @@ fn a_key_running_low_after_a_short_grant_asks_only_just_before_it_runs_dry() {
     // 1 left (< 1.25): it asks before running dry.
     assert_eq!(decide(&r, &acme, None).0, Code::Ok);
     assert!(matches!(r.events.try_recv(), Ok(LeaseEvent::Acquire(_))));
+    // Counted by why (`allot_agent_acquires_queued_total`): the first decision's cold ask,
+    // then the two asks of a key running low; no pass ran.
+    let c = &r.enforcer.book().counters;
+    let read = |x: &std::sync::atomic::AtomicU64| x.load(Ordering::Relaxed);
+    assert_eq!(
+        (
+            read(&c.acquires_cold),
+            read(&c.acquires_running_low),
+            read(&c.acquires_prefetch)
+        ),
+        (1, 2, 0)
+    );
 }
 
 #[test]

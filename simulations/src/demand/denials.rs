@@ -46,11 +46,17 @@ pub(crate) struct Work {
     pub promotions: u64,
     /// `allot_agent_key_moves{to="central"}`: demotions to central decisions.
     pub demotions: u64,
+    /// `allot_agent_acquires_queued{why="prefetch"}`: Acquires of the maintenance pass.
+    pub prefetch: u64,
+    /// `allot_agent_acquires_queued{why="running_low"}`: Acquires of decisions running low.
+    pub running_low: u64,
+    /// `allot_agent_acquires_queued{why="cold"}`: Acquires of decisions finding nothing.
+    pub cold: u64,
 }
 
 /// The counters of [`Work`] in field order: the `--json` figure, the agent's Prometheus counter
 /// and the label selecting its series (`None`: the whole counter).
-const WORK_COUNTERS: [(&str, &str, Option<&str>); 7] = [
+const WORK_COUNTERS: [(&str, &str, Option<&str>); 10] = [
     ("allocator_calls", "allot_agent_allocator_calls_total", None),
     ("decide_items", RPCS, Some("kind=\"decide\"")),
     ("acquire_items", RPCS, Some("kind=\"acquire\"")),
@@ -58,13 +64,17 @@ const WORK_COUNTERS: [(&str, &str, Option<&str>); 7] = [
     ("release_items", RPCS, Some("kind=\"release\"")),
     ("promotions", MOVES, Some("to=\"leased\"")),
     ("demotions", MOVES, Some("to=\"central\"")),
+    ("acquires_prefetch", QUEUED, Some("why=\"prefetch\"")),
+    ("acquires_running_low", QUEUED, Some("why=\"running_low\"")),
+    ("acquires_cold", QUEUED, Some("why=\"cold\"")),
 ];
 const RPCS: &str = "allot_agent_allocator_rpcs_total";
 const MOVES: &str = "allot_agent_key_moves_total";
+const QUEUED: &str = "allot_agent_acquires_queued_total";
 
 impl Work {
     /// The counts in [`WORK_COUNTERS`] order.
-    fn counts(self) -> [u64; 7] {
+    fn counts(self) -> [u64; 10] {
         [
             self.calls,
             self.decides,
@@ -73,11 +83,15 @@ impl Work {
             self.releases,
             self.promotions,
             self.demotions,
+            self.prefetch,
+            self.running_low,
+            self.cold,
         ]
     }
 
-    fn from_counts(c: [u64; 7]) -> Work {
-        let [calls, decides, acquires, reports, releases, promotions, demotions] = c;
+    fn from_counts(c: [u64; 10]) -> Work {
+        let [calls, decides, acquires, reports, releases, promotions, demotions, prefetch, running_low, cold] =
+            c;
         Work {
             calls,
             decides,
@@ -86,6 +100,9 @@ impl Work {
             releases,
             promotions,
             demotions,
+            prefetch,
+            running_low,
+            cold,
         }
     }
 
@@ -221,7 +238,8 @@ mod tests {
             "allot_agent_allocator_rpcs_total{kind=\"decide\",otel_scope_name=\"allot\"} 7\n\
                     allot_agent_allocator_rpcs_total{kind=\"report\"} 3\n\
                     allot_agent_allocator_calls_total 4\n\
-                    allot_agent_key_moves_total{to=\"leased\"} 2\n";
+                    allot_agent_key_moves_total{to=\"leased\"} 2\n\
+                    allot_agent_acquires_queued_total{why=\"cold\"} 5\n";
         let mut w = Work::default();
         w.add(text);
         w.add(text);
@@ -232,6 +250,7 @@ mod tests {
                 decides: 14,
                 reports: 6,
                 promotions: 4,
+                cold: 10,
                 ..Work::default()
             }
         );

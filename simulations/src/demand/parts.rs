@@ -242,9 +242,19 @@ async fn lease_traffic(
     let mut e = extra(
         format!(
             "steady {secs:.0} s after {LEASE_WARM_S} s: {entries} Raft entries = {per_1000:.1} \
-             per 1000 admitted, {per_s:.1}/s; agents: {} calls carrying {} decide, {} acquire, \
-             {} report, {} release; {} promoted, {} demoted",
-            w.calls, w.decides, w.acquires, w.reports, w.releases, w.promotions, w.demotions
+             per 1000 admitted, {per_s:.1}/s; agents: {} calls carrying {} decide, {} acquire \
+             ({} prefetch, {} running low, {} cold), {} report, {} release; {} promoted, {} \
+             demoted",
+            w.calls,
+            w.decides,
+            w.acquires,
+            w.prefetch,
+            w.running_low,
+            w.cold,
+            w.reports,
+            w.releases,
+            w.promotions,
+            w.demotions
         ),
         format!(
             "≤ {cap:.0} entries/s ({} agents × 1/s + 4 ticks/s)",

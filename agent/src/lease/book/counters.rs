@@ -22,6 +22,14 @@ pub struct LeaseCounters {
     pub denials_held: AtomicU64,
     /// Acquire RPCs sent.
     pub acquires: AtomicU64,
+    /// Acquires queued by the maintenance pass: what a key holds will not last until the next
+    /// pass, or its allocations end soon.
+    pub acquires_prefetch: AtomicU64,
+    /// Acquires queued by a decision that left the key below its low watermark and short of
+    /// what it will spend before an answer could arrive (renewal between passes).
+    pub acquires_running_low: AtomicU64,
+    /// Acquires queued by a decision that found nothing to spend (it waits for the answer).
+    pub acquires_cold: AtomicU64,
     /// Report RPCs sent.
     pub reports: AtomicU64,
     /// Release RPCs sent.
@@ -54,4 +62,27 @@ pub struct LeaseCounters {
     pub demotions: AtomicU64,
     /// Allocator calls sent (a Batch, or one single call of the fallback).
     pub calls: AtomicU64,
+}
+
+/// Why an Acquire was queued (`allot_agent_acquires_queued{why}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AcquireWhy {
+    /// The maintenance pass's prefetch.
+    Prefetch,
+    /// A decision left the key short before the next pass.
+    RunningLow,
+    /// A decision found nothing to spend.
+    Cold,
+}
+
+impl LeaseCounters {
+    /// Counts one Acquire queued for `why`.
+    pub fn acquire_queued(&self, why: AcquireWhy) {
+        let c = match why {
+            AcquireWhy::Prefetch => &self.acquires_prefetch,
+            AcquireWhy::RunningLow => &self.acquires_running_low,
+            AcquireWhy::Cold => &self.acquires_cold,
+        };
+        c.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
 }

@@ -23,7 +23,7 @@
 //! 6. The core's outcome goes back through the facade (which keeps reservations and
 //!    concurrency slots by request id, and records metrics) to the adapter, which answers.
 
-use super::{ms, KeyLease, LeaseBook, LeaseReservation, LeaseTables};
+use super::{ms, AcquireWhy, KeyLease, LeaseBook, LeaseReservation, LeaseTables};
 use crate::lease::allocation::{total_remaining, HeldAllocation};
 use crate::lease::key_rule::KeyRule;
 use crate::lease::protocol::Standing;
@@ -124,7 +124,7 @@ impl LeaseBook {
             && !allocs.iter().any(|a| a.accrues(now))
         {
             v.sizing.follow(rule);
-            self.request_lease(kl, now);
+            self.request_lease(kl, now, AcquireWhy::RunningLow);
         }
         GlobalDecision {
             decision: allowed(remaining, &rule.params),
@@ -280,7 +280,7 @@ impl LeaseBook {
                 // Join the key's next call: it asks for at least the waiting decisions' costs.
                 self.counters.cold_misses.fetch_add(1, Ordering::Relaxed);
                 v.protocol.add_waiting(cost);
-                self.request_lease(kl, now);
+                self.request_lease(kl, now, AcquireWhy::Cold);
                 denied(remaining, self.ask_wait(rule, cost), true)
             }
         }

@@ -21,7 +21,7 @@ mod reservation;
 mod tables;
 mod view;
 
-pub use counters::LeaseCounters;
+pub use counters::{AcquireWhy, LeaseCounters};
 pub use event::LeaseEvent;
 pub use key::KeyLease;
 pub use reservation::LeaseReservation;
@@ -254,10 +254,13 @@ impl LeaseBook {
     }
 
     /// Asks the manager for an allocation unless the key is central, a call for it is in
-    /// flight, or a denial or failure backoff stands.
-    pub fn request_lease(&self, kl: &Arc<Keyed<KeyLease>>, now: Nanos) {
-        if self.claim_acquire(kl, now) && self.events.send(LeaseEvent::Acquire(kl.clone())).is_err()
-        {
+    /// flight, or a denial or failure backoff stands; counts it under `why` when asked.
+    pub fn request_lease(&self, kl: &Arc<Keyed<KeyLease>>, now: Nanos, why: AcquireWhy) {
+        if !self.claim_acquire(kl, now) {
+            return;
+        }
+        self.counters.acquire_queued(why);
+        if self.events.send(LeaseEvent::Acquire(kl.clone())).is_err() {
             // A closed channel means the agent is shutting down: nothing more to lease, and
             // no decision may wait for a call that will never be made.
             kl.value.protocol.abandon_call();
