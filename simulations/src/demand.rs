@@ -241,6 +241,7 @@ impl<'a> Run<'a> {
         touched.sort_unstable();
         touched.dedup();
         let (mut allot, mut ideal_n, mut errors, mut worst_us) = (0u64, 0u64, 0u64, 0u64);
+        let (mut allot_tokens, mut ideal_tokens) = (0u64, 0u64);
         let mut false_rejections = 0u64;
         let mut shortfall = Shortfall::default();
         for (r, ok) in records.iter().zip(&ideal) {
@@ -249,11 +250,13 @@ impl<'a> Run<'a> {
             let t = &mut self.totals[r.key];
             if r.answer == RequestAnswer::Admitted {
                 allot += 1;
+                allot_tokens = allot_tokens.saturating_add(u64::from(r.cost));
                 t.0 = t.0.saturating_add(u64::from(r.cost));
                 worst_us = worst_us.max(r.latency_us);
             }
             if *ok {
                 ideal_n += 1;
+                ideal_tokens = ideal_tokens.saturating_add(u64::from(r.cost));
                 t.1 = t.1.saturating_add(u64::from(r.cost));
             }
             errors += u64::from(r.answer == RequestAnswer::Error);
@@ -288,6 +291,8 @@ impl<'a> Run<'a> {
         };
         let mut figures = extra.figures;
         figures.insert("max_latency_us".into(), worst_us.into());
+        figures.insert("allot_tokens".into(), allot_tokens.into());
+        figures.insert("ideal_tokens".into(), ideal_tokens.into());
         let d = self.denials;
         figures.insert("false_rejections".into(), false_rejections.into());
         figures.insert("wait_timeouts".into(), d.wait_timeouts.into());

@@ -287,12 +287,14 @@ impl Ledger {
         let (rule, params, version) = (&t.rule, t.params, t.version);
         let ttl = rule.lease.ttl_ms;
         let handoff = self.handoff_for(t, &a.region, now);
+        let contenders = self.contenders(&t.kid, &a.region, &a.holder, rule, now);
         let ks = self.key_mut(&t.kid)?;
         let need = a
             .want
             .min(rule.lease.max_grant)
             .clamp(1, MICROS_PER_TOKEN.max(1));
-        let need = need.min(params.capacity());
+        // A token for each holder denied meanwhile, so they come back one after another.
+        let need = need.saturating_mul(contenders).min(params.capacity());
         let wait = wait_for(
             ks,
             &a.region,

@@ -548,6 +548,57 @@ fn the_last_whole_tokens_go_to_a_holder_while_several_ask() {
     }
 }
 
+/// An Acquire of 20 tokens for acme from `holder` in region "eu" measuring `demand` tokens/s.
+fn acquire_measured(l: &mut Ledger, t: u64, holder: &str, demand: u64, id: &str) -> Response {
+    l.apply_at(
+        &Command::Acquire(Acquire {
+            key: key("acme"),
+            region: "eu".into(),
+            holder: holder.into(),
+            want: 20 * T,
+            demand_per_s: demand * T,
+            want_rate_per_s: 0,
+            request_id: id.into(),
+        }),
+        t,
+    )
+}
+
+fn retry_ms(r: &Response) -> u64 {
+    match r {
+        Response::Denied(d) => d.retry_after_ms,
+        other => panic!("expected a denial, got {other:?}"),
+    }
+}
+
+/// A flooded key (its holders' measured demand above twice its rate): each denial's wait is
+/// sized for one token per hungry holder, so the holders come back one after another instead
+/// of all at the next token (issue 9, the `flood` part: every holder asked again at each
+/// refilled token, a Raft entry each, 135 a second for one key). At or near its rate every
+/// denial names the next token, as before.
+#[test]
+fn a_flooded_keys_denials_space_its_hungry_holders_out() {
+    for (demand, waits) in [(100, [100, 200, 300, 300]), (3, [100, 100, 100, 100])] {
+        let mut l = ledger(ACME);
+        // gw0 empties the bucket (40 tokens, 10/s).
+        for id in ["a0", "a1"] {
+            assert_eq!(
+                granted(&acquire_measured(&mut l, T0, "gw0", demand, id)).granted,
+                20 * T
+            );
+        }
+        let seen = [
+            retry_ms(&acquire_measured(&mut l, T0, "gw1", demand, "b0")),
+            retry_ms(&acquire_measured(&mut l, T0, "gw2", demand, "c0")),
+            retry_ms(&acquire_measured(&mut l, T0, "gw0", demand, "a2")),
+            // Asking again at once changes nothing: three hungry holders.
+            retry_ms(&acquire_measured(&mut l, T0, "gw1", demand, "b1")),
+        ];
+        assert_eq!(seen, waits, "{demand} tokens/s per holder");
+        l.check_invariants().expect("invariants");
+    }
+}
+
 #[test]
 fn versioned_handoff_moves_share_only_after_old_allocations_end() {
     let mut l = ledger(&regional_cap());

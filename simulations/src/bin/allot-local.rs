@@ -44,7 +44,7 @@ struct Cli {
     #[arg(long)]
     short: bool,
     /// With --scenario demand: run only this part (repeatable): quiet, burst, burst-skewed,
-    /// eu-busy, tenants-10k, tenants-100k, skew, lease-acme, lease-1000.
+    /// eu-busy, tenants-10k, tenants-100k, weighted, flood, skew, lease-acme, lease-1000.
     #[arg(long = "part")]
     parts: Vec<String>,
     /// Print the scenario's result as one JSON document.
