@@ -293,13 +293,18 @@ impl Ledger {
             .want
             .min(rule.lease.max_grant)
             .clamp(1, MICROS_PER_TOKEN.max(1));
-        // A token for each holder denied meanwhile, so they come back one after another.
-        let need = need.saturating_mul(contenders).min(params.capacity());
+        // Under a flood the wait is for a token per hungry holder (`contenders`), never for a
+        // full bucket (refill past it during the round trip would be lost); the calendar
+        // check below stays with the one token this holder needs.
+        let flood_need = need
+            .saturating_mul(contenders)
+            .min(params.capacity().saturating_sub(MICROS_PER_TOKEN))
+            .max(need);
         let wait = wait_for(
             ks,
             &a.region,
             now,
-            need,
+            flood_need,
             OverCapacity::Clamp,
             t.borrows,
             avail,

@@ -572,10 +572,10 @@ fn retry_ms(r: &Response) -> u64 {
 }
 
 /// A flooded key (its holders' measured demand above twice its rate): each denial's wait is
-/// sized for one token per hungry holder, so the holders come back one after another instead
-/// of all at the next token (issue 9, the `flood` part: every holder asked again at each
-/// refilled token, a Raft entry each, 135 a second for one key). At or near its rate every
-/// denial names the next token, as before.
+/// sized for one token per hungry holder, so the holders come back when there is a token for
+/// each of them, not all at the next token for one of them (issue 9, the `flood` part: every
+/// holder asked again at each refilled token, a Raft entry each, 135 a second for one key). At
+/// or near its rate every denial names the next token, as before.
 #[test]
 fn a_flooded_keys_denials_space_its_hungry_holders_out() {
     for (demand, waits) in [(100, [100, 200, 300, 300]), (3, [100, 100, 100, 100])] {
@@ -596,6 +596,67 @@ fn a_flooded_keys_denials_space_its_hungry_holders_out() {
         ];
         assert_eq!(seen, waits, "{demand} tokens/s per holder");
         l.check_invariants().expect("invariants");
+    }
+}
+
+/// The wait for a token per hungry holder is the bucket's: a calendar quota with fewer tokens
+/// left than the holders is not "spent" (a holder would keep that denial until the period's
+/// end, locked out of what the quota still holds).
+#[test]
+fn a_floods_longer_wait_never_reads_the_calendar_quota_as_spent() {
+    let yaml = "domain: api\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: second, \
+                requests_per_unit: 10, burst: 40, quota: {limit: 42, period: month}, lease: \
+                {ttl_ms: 5000, max_grant: 20, max_drift_ms: 500}}\n";
+    let mut l = ledger(yaml);
+    for id in ["a0", "a1"] {
+        granted(&acquire_measured(&mut l, T0, "gw0", 100, id));
+    }
+    // Two tokens of the quota left, the bucket empty, three hungry holders.
+    let mut last = None;
+    for (holder, id) in [("gw1", "b0"), ("gw2", "c0"), ("gw0", "a2")] {
+        last = Some(acquire_measured(&mut l, T0, holder, 100, id));
+    }
+    match last.expect("asked") {
+        Response::Denied(d) => {
+            assert_eq!(d.retry_after_ms, 300, "{d:?}");
+            assert!(d.reason.contains("bucket"), "{d:?}");
+        }
+        other => panic!("expected a denial, got {other:?}"),
+    }
+}
+
+/// Contention counts only recent denials: a holder denied longer ago than
+/// `CONTENTION_WINDOW_MS` (it left, or has been served since) no longer lengthens the others'
+/// waits, and unknown demand (0) is no flood.
+#[test]
+fn only_recent_denials_and_measured_demand_make_a_flood() {
+    let mut l = ledger(ACME);
+    for id in ["a0", "a1"] {
+        granted(&acquire_measured(&mut l, T0, "gw0", 100, id));
+    }
+    assert_eq!(
+        retry_ms(&acquire_measured(&mut l, T0, "gw1", 100, "b0")),
+        100
+    );
+    assert_eq!(
+        retry_ms(&acquire_measured(&mut l, T0, "gw2", 100, "c0")),
+        200
+    );
+    // 1.5 s later gw1's and gw2's denials are old; gw0, asking now, contends alone. (The
+    // bucket has refilled 15 tokens meanwhile: gw0 takes them, then is denied.)
+    let later = T0 + 1_500;
+    let denial = (2..20)
+        .map(|i| acquire_measured(&mut l, later, "gw0", 100, &format!("a{i}")))
+        .find(|r| matches!(r, Response::Denied(_)))
+        .expect("the bucket runs dry");
+    assert_eq!(retry_ms(&denial), 100);
+    // Unknown demand: no flood, whatever the holders.
+    let mut l = ledger(ACME);
+    for id in ["a0", "a1"] {
+        granted(&acquire_measured(&mut l, T0, "gw0", 0, id));
+    }
+    for (holder, id) in [("gw1", "b0"), ("gw2", "c0"), ("gw0", "a2")] {
+        assert_eq!(retry_ms(&acquire_measured(&mut l, T0, holder, 0, id)), 100);
     }
 }
 

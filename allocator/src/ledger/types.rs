@@ -167,7 +167,9 @@ pub struct Grant {
 /// Nothing could be granted now.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Denial {
-    /// When asking again can succeed, ms from now (from the buckets' refill).
+    /// When asking again can succeed, ms from now (from the buckets' refill); under a flood,
+    /// when the refill holds a token for each of the key's hungry holders in the region
+    /// (design §5, "Denials under a flood").
     pub retry_after_ms: u64,
     /// What ran out.
     pub reason: String,

@@ -207,7 +207,7 @@ async fn tenants(run: &mut Run<'_>, part: &str, n: usize, secs: u64) -> Result<(
 }
 
 /// Costs of the weighted part and their weights: cost 1 eight times as often as cost 8 (mean
-/// 1.87 tokens a request).
+/// 32/15 ≈ 2.13 tokens a request).
 const WEIGHTED_COSTS: [(u32, u64); 4] = [(1, 8), (2, 4), (4, 2), (8, 1)];
 
 /// Weighted costs: 1,000 tenants (100/s, burst 100 each), Zipf(1.1), 1,500 req/s over three
@@ -263,11 +263,12 @@ async fn weighted(run: &mut Run<'_>, part: &str, secs: u64) -> Result<()> {
 
 /// A rejected flood: one acme tenant (10/s, burst 40) offered 50 times its rate, 500 req/s
 /// over the six acme gateways for `secs`. The ideal admits the burst and then 10/s; every
-/// other request is a denial, and no denial may cost the allocator work: the allocator's
-/// remembered denial (its Retry-After, sized for the holders contending for the key) keeps the
-/// flood at the agents (issue 9 item 1, "rejected floods never reach it"), so the allocator's
-/// work follows the tokens admitted, not the requests offered. Target: ratio ≥ 0.95,
-/// overshoot 0, at most [`FLOOD_ENTRIES_PER_TOKEN`] Raft entries per admitted token.
+/// other request is a denial, and the rejected requests must not reach the allocator: its
+/// remembered denial (its Retry-After, under a flood sized for the holders contending for the
+/// key) keeps them at the agents (issue 9 item 1), so the allocator's work follows the tokens
+/// admitted, not the requests offered. Target: ratio ≥ 0.95, overshoot 0, at most
+/// [`FLOOD_ENTRIES_PER_TOKEN`] Raft entries per admitted token (the leader's log growth
+/// during the part: earlier parts' trailing reports and releases count too).
 async fn flood(run: &mut Run<'_>, part: &str, agents: &[usize], secs: u64) -> Result<()> {
     let k = acme_key(run, "flood");
     let a = at_rate(500, secs, agents, k);
