@@ -293,6 +293,7 @@ impl Ledger {
             .want
             .min(rule.lease.max_grant)
             .clamp(1, MICROS_PER_TOKEN.max(1));
+        let need = need.min(params.capacity());
         // Under a flood the wait is for a token per hungry holder (`contenders`), never for a
         // full bucket (refill past it during the round trip would be lost); the calendar
         // check below stays with the one token this holder needs.
