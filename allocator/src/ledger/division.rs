@@ -316,10 +316,9 @@ impl Ledger {
             return 1;
         };
         let window = idle_after_ms(rule).min(CONTENTION_WINDOW_MS);
-        let recent = |at_ms: u64| at_ms.saturating_add(window) > now;
         let demand = asks
             .iter()
-            .filter(|(_, x)| recent(x.at_ms))
+            .filter(|(_, x)| within(x.at_ms, window, now))
             .map(|(_, x)| x.demand_per_s)
             .fold(0u64, u64::saturating_add);
         if params.refill_rate().ppm_of_per_s(demand) <= FLOOD_PPM {
@@ -327,7 +326,7 @@ impl Ledger {
         }
         let others = asks
             .iter()
-            .filter(|(h, x)| h.as_str() != holder && x.denied_at_ms > 0 && recent(x.denied_at_ms))
+            .filter(|(h, x)| h.as_str() != holder && within(x.denied_at_ms, window, now))
             .count();
         u64::try_from(others).unwrap_or(u64::MAX).saturating_add(1)
     }
