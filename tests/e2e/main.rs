@@ -6,8 +6,9 @@
 //!   counter; Allot's overshoot over the ideal stays within the allocator's bound and no request
 //!   fails. The ratios are printed; their targets are reported, not asserted (yet).
 //!
-//! Both: no process panics; every process exits cleanly. The two tests run one after the
-//! other (each starts its own deployment).
+//! Both: no process panics; every process exits cleanly. A third test stops the `allot-local`
+//! binary with SIGTERM and checks that no allocator or agent outlives it. The tests run one
+//! after the other (each starts its own deployment).
 
 use allot_simulations::local::{assemble_policies, Deployment, Plan};
 use allot_simulations::{demand, scenario};
@@ -121,4 +122,83 @@ async fn demand_parts_stay_within_the_ideal_plus_the_bound() {
     }
     assert!(unclean.is_empty(), "unclean exits: {unclean:?}");
     assert_no_panics(&data);
+}
+
+/// `allot-local` run as a service is stopped with SIGTERM (`kill`, `timeout`, systemd, CI
+/// runners), not Ctrl-C: it must then stop its allocators and agents too, not leave them
+/// running without their parent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allot_local_stops_its_whole_deployment_on_sigterm() {
+    use tokio::io::{AsyncBufReadExt, BufReader};
+    let _one = SERIAL.lock().await;
+    let bin = allot_e2e::bin_dir();
+    let data = std::env::temp_dir().join(format!("allot-e2e-sigterm-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&data);
+    let mut child = tokio::process::Command::new(bin.join("allot-local"))
+        .arg("--data-dir")
+        .arg(&data)
+        .arg("--bin-dir")
+        .arg(&bin)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("allot-local starts");
+    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
+    let mut seen = Vec::new();
+    let ready = tokio::time::timeout(std::time::Duration::from_secs(60), async {
+        while let Ok(Some(line)) = lines.next_line().await {
+            let ready = line.starts_with("ready");
+            seen.push(line);
+            if ready {
+                return true;
+            }
+        }
+        false
+    })
+    .await;
+    let ready = ready.unwrap_or_else(|_| panic!("not ready within 60 s; stderr: {seen:?}"));
+    assert!(
+        ready,
+        "allot-local ended before it was ready; stderr: {seen:?}"
+    );
+    assert_eq!(processes_under(&data), 10, "3 allocators and 7 agents run");
+
+    let pid = child.id().expect("running").to_string();
+    let sent = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("kill runs");
+    assert!(sent.success());
+    let status = tokio::time::timeout(std::time::Duration::from_secs(60), child.wait())
+        .await
+        .expect("allot-local exits within 60 s of SIGTERM")
+        .expect("exit status");
+    assert!(status.success(), "allot-local exited with {status}");
+    assert_eq!(
+        processes_under(&data),
+        0,
+        "no allocator or agent outlives allot-local"
+    );
+    assert_no_panics(&data);
+}
+
+/// Processes whose command line names `data` (the deployment's children all do, through their
+/// data folders, ready files and policies).
+fn processes_under(data: &Path) -> usize {
+    let needle = data.to_string_lossy().into_owned();
+    let me = std::process::id().to_string();
+    std::fs::read_dir("/proc")
+        .expect("/proc")
+        .filter_map(|e| e.ok())
+        .filter(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            name.chars().all(|c| c.is_ascii_digit()) && name != me
+        })
+        .filter(|e| {
+            let cmd = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+            cmd.contains(&needle) && !cmd.contains("allot-local")
+        })
+        .count()
 }

@@ -173,8 +173,8 @@ async fn main() -> Result<()> {
     }
     let result = match cli.scenario {
         None => {
-            eprintln!("ready; Ctrl-C stops everything");
-            tokio::signal::ctrl_c().await?;
+            eprintln!("ready; Ctrl-C (or SIGTERM) stops everything");
+            stop_requested().await?;
             None
         }
         Some(Scenario::Acme) => {
@@ -187,7 +187,7 @@ async fn main() -> Result<()> {
                 r = scenario::acme(&mut d, timing) => Some(r.and_then(|r| {
                     Ok(Outcome { within: r.all_within(), table: r.table(), doc: serde_json::to_value(&r)? })
                 })),
-                _ = tokio::signal::ctrl_c() => { eprintln!("interrupted"); None }
+                r = stop_requested() => { r?; eprintln!("interrupted"); None }
             }
         }
         Some(Scenario::Demand) => {
@@ -200,7 +200,7 @@ async fn main() -> Result<()> {
                 r = demand::run(&d, &policies, timing, &cli.parts) => Some(r.and_then(|r| {
                     Ok(Outcome { within: r.all_within(), table: r.table(), doc: serde_json::to_value(&r)? })
                 })),
-                _ = tokio::signal::ctrl_c() => { eprintln!("interrupted"); None }
+                r = stop_requested() => { r?; eprintln!("interrupted"); None }
             }
         }
     };
@@ -233,6 +233,27 @@ async fn main() -> Result<()> {
         bail!("{} processes did not exit cleanly", unclean.len());
     }
     Ok(())
+}
+
+/// Resolves when the user or a supervisor asks this process to stop: Ctrl-C (SIGINT), or
+/// SIGTERM on Unix, which is what `kill`, `timeout`, systemd and CI runners send. Either way the
+/// deployment is shut down in order (each child gets its own SIGTERM, then the data folder
+/// goes); before SIGTERM was handled here it killed this process alone and left the allocators
+/// and agents running.
+///
+/// # Errors
+/// When the signal handlers cannot be installed.
+async fn stop_requested() -> std::io::Result<()> {
+    #[cfg(unix)]
+    {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        tokio::select! {
+            r = tokio::signal::ctrl_c() => r,
+            _ = term.recv() => Ok(()),
+        }
+    }
+    #[cfg(not(unix))]
+    tokio::signal::ctrl_c().await
 }
 
 /// A scenario's result, whichever it was.
