@@ -72,6 +72,10 @@ struct Cli {
 #[tokio::main]
 async fn main() -> Result<()> {
     let cli = Cli::parse();
+    // Before anything is started: a stop asked for while the deployment starts (or between
+    // "ready" and the wait) is then kept and honoured at once, instead of killing this
+    // process alone by the signal's default action.
+    let mut stop = StopSignal::install().context("installing the SIGINT/SIGTERM handlers")?;
     let bin_dir = match cli.bin_dir {
         Some(d) => d,
         None => std::env::current_exe()?
@@ -155,7 +159,17 @@ async fn main() -> Result<()> {
         "starting 3 allocators and 7 agents under {}",
         data_dir.display()
     );
-    let mut d = Deployment::start(&plan).await?;
+    let mut d = tokio::select! {
+        d = Deployment::start(&plan) => d?,
+        _ = stop.requested() => {
+            // Dropping the start kills what it had spawned (`kill_on_drop`).
+            eprintln!("interrupted while starting");
+            if temp {
+                let _ = std::fs::remove_dir_all(&data_dir);
+            }
+            return Ok(());
+        }
+    };
     let e = d.endpoints();
     if !cli.json {
         println!("allocators:");
@@ -174,7 +188,7 @@ async fn main() -> Result<()> {
     let result = match cli.scenario {
         None => {
             eprintln!("ready; Ctrl-C (or SIGTERM) stops everything");
-            stop_requested().await?;
+            stop.requested().await;
             None
         }
         Some(Scenario::Acme) => {
@@ -187,7 +201,7 @@ async fn main() -> Result<()> {
                 r = scenario::acme(&mut d, timing) => Some(r.and_then(|r| {
                     Ok(Outcome { within: r.all_within(), table: r.table(), doc: serde_json::to_value(&r)? })
                 })),
-                r = stop_requested() => { r?; eprintln!("interrupted"); None }
+                _ = stop.requested() => { eprintln!("interrupted"); None }
             }
         }
         Some(Scenario::Demand) => {
@@ -200,7 +214,7 @@ async fn main() -> Result<()> {
                 r = demand::run(&d, &policies, timing, &cli.parts) => Some(r.and_then(|r| {
                     Ok(Outcome { within: r.all_within(), table: r.table(), doc: serde_json::to_value(&r)? })
                 })),
-                r = stop_requested() => { r?; eprintln!("interrupted"); None }
+                _ = stop.requested() => { eprintln!("interrupted"); None }
             }
         }
     };
@@ -235,25 +249,51 @@ async fn main() -> Result<()> {
     Ok(())
 }
 
-/// Resolves when the user or a supervisor asks this process to stop: Ctrl-C (SIGINT), or
-/// SIGTERM on Unix, which is what `kill`, `timeout`, systemd and CI runners send. Either way the
-/// deployment is shut down in order (each child gets its own SIGTERM, then the data folder
-/// goes); before SIGTERM was handled here it killed this process alone and left the allocators
-/// and agents running.
-///
-/// # Errors
-/// When the signal handlers cannot be installed.
-async fn stop_requested() -> std::io::Result<()> {
+/// The signals that stop a running deployment: Ctrl-C (SIGINT), and on Unix SIGTERM, which is
+/// what `kill`, `timeout`, systemd and CI runners send. Either way the deployment is shut down
+/// in order (each child gets its own SIGTERM, then the data folder goes); before SIGTERM was
+/// handled here it killed this process alone and left the allocators and agents running.
+struct StopSignal {
     #[cfg(unix)]
-    {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    interrupt: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    terminate: tokio::signal::unix::Signal,
+}
+
+impl StopSignal {
+    /// Installs the handlers; from here on those signals no longer end the process by
+    /// themselves, and one received before [`StopSignal::requested`] is awaited is kept.
+    ///
+    /// # Errors
+    /// When a handler cannot be installed.
+    fn install() -> std::io::Result<Self> {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            Ok(StopSignal {
+                interrupt: signal(SignalKind::interrupt())?,
+                terminate: signal(SignalKind::terminate())?,
+            })
+        }
+        #[cfg(not(unix))]
+        Ok(StopSignal {})
+    }
+
+    /// Resolves once a stop was asked for (at once if it already was).
+    async fn requested(&mut self) {
+        #[cfg(unix)]
         tokio::select! {
-            r = tokio::signal::ctrl_c() => r,
-            _ = term.recv() => Ok(()),
+            _ = self.interrupt.recv() => {}
+            _ = self.terminate.recv() => {}
+        }
+        #[cfg(not(unix))]
+        {
+            // Without a handler there is nothing to wait for but the process's end.
+            if tokio::signal::ctrl_c().await.is_err() {
+                std::future::pending::<()>().await;
+            }
         }
     }
-    #[cfg(not(unix))]
-    tokio::signal::ctrl_c().await
 }
 
 /// A scenario's result, whichever it was.
