@@ -135,10 +135,9 @@ async fn allot_local_stops_its_whole_deployment_on_sigterm() {
     let data = std::env::temp_dir().join(format!("allot-e2e-sigterm-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&data);
     let mut child = tokio::process::Command::new(bin.join("allot-local"))
-        // Started with CARGO set (as `cargo test` sets it), allot-local first runs `cargo build`
-        // of the allocator and agent, as for `cargo run`: here they are built already, and
-        // that build could recompile them for minutes under another feature set.
-        .env_remove("CARGO")
+        // CARGO is inherited from `cargo test`: allot-local must not take that for its own
+        // `cargo run` and build the allocator and agent first (minutes, under another feature
+        // set), which this test's first version ran into.
         .arg("--data-dir")
         .arg(&data)
         .arg("--bin-dir")

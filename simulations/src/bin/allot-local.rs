@@ -76,6 +76,7 @@ async fn main() -> Result<()> {
     // "ready" and the wait) is then kept and honoured at once, instead of killing this
     // process alone by the signal's default action.
     let mut stop = StopSignal::install().context("installing the SIGINT/SIGTERM handlers")?;
+    let own_dir = cli.bin_dir.is_none();
     let bin_dir = match cli.bin_dir {
         Some(d) => d,
         None => std::env::current_exe()?
@@ -83,9 +84,14 @@ async fn main() -> Result<()> {
             .context("binary has no folder")?
             .to_path_buf(),
     };
-    // Started by `cargo run`: make sure the sibling binaries are built and current (a no-op
-    // when they are), so the README's one command is enough on a fresh clone.
-    if let Some(cargo) = std::env::var_os("CARGO") {
+    // Started by `cargo run` of this package, with the allocator and agent expected beside
+    // this binary: make sure they are built and current (a no-op when they are), so the
+    // README's one command is enough on a fresh clone. Not when started by another package's
+    // `cargo test` (CARGO is set there too, and a build could recompile them for minutes), nor
+    // with `--bin-dir` (its folder name is no cargo profile).
+    let by_cargo_run =
+        own_dir && std::env::var("CARGO_PKG_NAME").as_deref() == Ok(env!("CARGO_PKG_NAME"));
+    if let Some(cargo) = std::env::var_os("CARGO").filter(|_| by_cargo_run) {
         let profile = bin_dir
             .file_name()
             .and_then(|n| n.to_str())
