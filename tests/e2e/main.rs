@@ -135,18 +135,23 @@ async fn allot_local_stops_its_whole_deployment_on_sigterm() {
     let data = std::env::temp_dir().join(format!("allot-e2e-sigterm-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&data);
     let mut child = tokio::process::Command::new(bin.join("allot-local"))
-        // CARGO is inherited from `cargo test`: allot-local must not take that for its own
-        // `cargo run` and build the allocator and agent first (minutes, under another feature
-        // set), which this test's first version ran into.
         .arg("--data-dir")
         .arg(&data)
+        // Also keeps allot-local from building the allocator and agent first: under `cargo
+        // test` it inherits CARGO, and it builds only for its own `cargo run` (its package
+        // name) without `--bin-dir`.
         .arg("--bin-dir")
         .arg(&bin)
+        // Its own process group, which its children join: if this test fails, the guard below
+        // stops all of them, not allot-local alone.
+        .process_group(0)
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
         .kill_on_drop(true)
         .spawn()
         .expect("allot-local starts");
+    let pid = child.id().expect("running");
+    let _group = GroupGuard(pid);
     let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
     let mut seen = Vec::new();
     let ready = tokio::time::timeout(std::time::Duration::from_secs(60), async {
@@ -165,11 +170,14 @@ async fn allot_local_stops_its_whole_deployment_on_sigterm() {
         ready,
         "allot-local ended before it was ready; stderr: {seen:?}"
     );
-    assert_eq!(processes_under(&data), 10, "3 allocators and 7 agents run");
+    assert_eq!(
+        processes_under(&data, pid),
+        10,
+        "3 allocators and 7 agents run"
+    );
 
-    let pid = child.id().expect("running").to_string();
     let sent = std::process::Command::new("kill")
-        .args(["-TERM", &pid])
+        .args(["-TERM", &pid.to_string()])
         .status()
         .expect("kill runs");
     assert!(sent.success());
@@ -179,7 +187,7 @@ async fn allot_local_stops_its_whole_deployment_on_sigterm() {
         .expect("exit status");
     assert!(status.success(), "allot-local exited with {status}");
     assert_eq!(
-        processes_under(&data),
+        processes_under(&data, pid),
         0,
         "no allocator or agent outlives allot-local"
     );
@@ -187,21 +195,44 @@ async fn allot_local_stops_its_whole_deployment_on_sigterm() {
 }
 
 /// Processes whose command line names `data` (the deployment's children all do, through their
-/// data folders, ready files and policies).
-fn processes_under(data: &Path) -> usize {
+/// data folders, ready files and policies), but for `parent` (allot-local) and this test.
+fn processes_under(data: &Path, parent: u32) -> usize {
     let needle = data.to_string_lossy().into_owned();
-    let me = std::process::id().to_string();
+    let skip = [std::process::id().to_string(), parent.to_string()];
     std::fs::read_dir("/proc")
         .expect("/proc")
         .filter_map(|e| e.ok())
         .filter(|e| {
             let name = e.file_name().to_string_lossy().into_owned();
-            name.chars().all(|c| c.is_ascii_digit()) && name != me
+            name.chars().all(|c| c.is_ascii_digit()) && !skip.contains(&name)
         })
         .filter(|e| {
+            // A zombie's command line is empty: it does not count.
             let cmd = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
-            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
-            cmd.contains(&needle) && !cmd.contains("allot-local")
+            String::from_utf8_lossy(&cmd)
+                .replace('\0', " ")
+                .contains(&needle)
         })
         .count()
+}
+
+/// Stops a process group when dropped: SIGTERM, then SIGKILL half a second later if the
+/// group was still there. On a passing run the group is gone and nothing is sent.
+struct GroupGuard(u32);
+
+impl Drop for GroupGuard {
+    fn drop(&mut self) {
+        let group = format!("-{}", self.0);
+        let kill = |sig: &str| {
+            std::process::Command::new("kill")
+                .args([sig, "--", &group])
+                .stderr(std::process::Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        };
+        if kill("-TERM") {
+            std::thread::sleep(std::time::Duration::from_millis(500));
+            kill("-KILL");
+        }
+    }
 }

@@ -97,7 +97,7 @@ async fn main() -> Result<()> {
             .and_then(|n| n.to_str())
             .unwrap_or("debug")
             .to_string();
-        let mut cmd = std::process::Command::new(cargo);
+        let mut cmd = tokio::process::Command::new(cargo);
         cmd.args([
             "build",
             "-p",
@@ -111,7 +111,15 @@ async fn main() -> Result<()> {
         } else if profile != "debug" {
             cmd.args(["--profile", &profile]);
         }
-        let status = cmd.status().context("cannot run cargo build")?;
+        // `kill_on_drop`: a stop asked for during the build ends it too.
+        let status = tokio::select! {
+            biased;
+            _ = stop.requested() => {
+                eprintln!("interrupted while building");
+                return Ok(());
+            }
+            s = cmd.kill_on_drop(true).status() => s.context("cannot run cargo build")?,
+        };
         if !status.success() {
             bail!("cargo build of allot-allocator and allot-agent failed");
         }
@@ -166,15 +174,17 @@ async fn main() -> Result<()> {
         data_dir.display()
     );
     let mut d = tokio::select! {
-        d = Deployment::start(&plan) => d?,
+        biased;
         _ = stop.requested() => {
-            // Dropping the start kills what it had spawned (`kill_on_drop`).
+            // Dropping the start SIGKILLs what it had spawned (`kill_on_drop`): nothing of a
+            // half-started deployment is worth an orderly stop.
             eprintln!("interrupted while starting");
             if temp {
-                let _ = std::fs::remove_dir_all(&data_dir);
+                remove_when_children_are_gone(&data_dir).await;
             }
             return Ok(());
         }
+        d = Deployment::start(&plan) => d?,
     };
     let e = d.endpoints();
     if !cli.json {
@@ -224,9 +234,15 @@ async fn main() -> Result<()> {
             }
         }
     };
-    let unclean = d.shutdown().await;
+    // A second stop while shutting down gives up the orderly stop: dropping the deployment
+    // SIGKILLs whatever is still running (`kill_on_drop`).
+    let unclean = tokio::select! {
+        biased;
+        _ = stop.requested() => vec!["interrupted again while stopping: the rest killed".to_string()],
+        u = d.shutdown() => u,
+    };
     if temp {
-        let _ = std::fs::remove_dir_all(&data_dir);
+        remove_when_children_are_gone(&data_dir).await;
     }
     for u in &unclean {
         eprintln!("unclean exit: {u}");
@@ -256,9 +272,10 @@ async fn main() -> Result<()> {
 }
 
 /// The signals that stop a running deployment: Ctrl-C (SIGINT), and on Unix SIGTERM, which is
-/// what `kill`, `timeout`, systemd and CI runners send. Either way the deployment is shut down
-/// in order (each child gets its own SIGTERM, then the data folder goes); before SIGTERM was
-/// handled here it killed this process alone and left the allocators and agents running.
+/// what `kill`, `timeout`, systemd and CI runners send. Either way a running deployment is shut
+/// down in order (each child gets its own SIGTERM, then the data folder goes), and a second
+/// signal during that, or one during the start, kills what runs; before SIGTERM was handled
+/// here it killed this process alone and left the allocators and agents running.
 struct StopSignal {
     #[cfg(unix)]
     interrupt: tokio::signal::unix::Signal,
@@ -300,6 +317,18 @@ impl StopSignal {
             }
         }
     }
+}
+
+/// Removes the deployment's temporary folder. Children killed a moment ago may still be
+/// writing into it as they die, so a failed removal is tried again a few times.
+async fn remove_when_children_are_gone(data_dir: &std::path::Path) {
+    for _ in 0..10 {
+        if std::fs::remove_dir_all(data_dir).is_ok() || !data_dir.exists() {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    eprintln!("could not remove {}", data_dir.display());
 }
 
 /// A scenario's result, whichever it was.
