@@ -19,7 +19,7 @@ use allot_common::units::{Micros, MICROS_PER_TOKEN, NANOS_PER_MILLI};
 use allot_proto::allot::v1 as pb;
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::{header, HeaderName, HeaderValue, StatusCode};
+use axum::http::{header, HeaderName, HeaderValue, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -627,7 +627,36 @@ pub fn router(decider: Arc<Decider>) -> Router {
         .route("/v1/status", get(status_page))
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
+        // After the routes: it applies to those registered before it.
+        .method_not_allowed_fallback(wrong_method)
+        .fallback(unknown_path)
         .with_state(decider)
+}
+
+/// 404 for a path the agent does not serve, in the JSON of every other error answer
+/// (`{"error", "message"}`) rather than an empty body.
+async fn unknown_path(uri: Uri) -> Response {
+    (
+        StatusCode::NOT_FOUND,
+        Json(json!({
+            "error": "not_found",
+            "message": format!("no such path: {}", uri.path()),
+        })),
+    )
+        .into_response()
+}
+
+/// 405 for a served path asked with another method, as JSON; axum adds the `Allow` header
+/// naming the methods the path serves.
+async fn wrong_method(method: Method, uri: Uri) -> Response {
+    (
+        StatusCode::METHOD_NOT_ALLOWED,
+        Json(json!({
+            "error": "method_not_allowed",
+            "message": format!("{method} is not served on {}", uri.path()),
+        })),
+    )
+        .into_response()
 }
 
 #[cfg(test)]

@@ -140,6 +140,32 @@ async fn bad_input_is_400_json_naming_the_problem_and_spends_nothing() {
 }
 
 #[tokio::test]
+async fn unknown_paths_and_methods_are_json_errors_and_spend_nothing() {
+    let r = rig(LOCAL);
+    let a = send(&r, "POST", "/v1/chek", &check_body("m")).await;
+    assert_eq!(a.status, StatusCode::NOT_FOUND, "{}", a.text);
+    assert_eq!(a.header("content-type"), Some("application/json"));
+    assert_eq!(a.body["error"], "not_found");
+    assert_eq!(a.body["message"], "no such path: /v1/chek");
+
+    let a = send(&r, "GET", "/v1/check", "").await;
+    assert_eq!(a.status, StatusCode::METHOD_NOT_ALLOWED, "{}", a.text);
+    assert_eq!(a.header("content-type"), Some("application/json"));
+    assert_eq!(a.header("allow"), Some("POST"));
+    assert_eq!(a.body["error"], "method_not_allowed");
+    assert_eq!(a.body["message"], "GET is not served on /v1/check");
+
+    let a = send(&r, "POST", "/healthz", "").await;
+    assert_eq!(a.status, StatusCode::METHOD_NOT_ALLOWED, "{}", a.text);
+    assert_eq!(a.body["error"], "method_not_allowed");
+
+    // Nothing was spent by them: the key still has its whole limit (3).
+    let a = send(&r, "POST", "/v1/check", &check_body("m")).await;
+    assert_eq!(a.status, StatusCode::OK, "{}", a.text);
+    assert_eq!(a.body["remaining"].to_string(), "2");
+}
+
+#[tokio::test]
 async fn reserve_settle_and_done_over_http() {
     let r = rig(LOCAL);
     let a = send(

@@ -234,6 +234,8 @@ async fn main() -> Result<()> {
             }
         }
     };
+    // A scenario answers None only when a stop cut it short.
+    let scenario_interrupted = cli.scenario.is_some() && result.is_none();
     // A second stop while shutting down gives up the orderly stop: dropping the deployment
     // SIGKILLs whatever is still running (`kill_on_drop`).
     let unclean = tokio::select! {
@@ -267,6 +269,10 @@ async fn main() -> Result<()> {
     }
     if !unclean.is_empty() {
         bail!("{} processes did not exit cleanly", unclean.len());
+    }
+    if scenario_interrupted {
+        // A scripted run that printed no table must not read as a passed one.
+        bail!("interrupted before the scenario finished");
     }
     Ok(())
 }
