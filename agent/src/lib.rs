@@ -19,6 +19,7 @@ pub mod api;
 pub mod enforce;
 pub mod lease;
 pub mod metrics;
+pub mod reload;
 pub mod server;
 pub mod slots;
 pub mod tracked;

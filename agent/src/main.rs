@@ -2,10 +2,12 @@
 //! `allot.v1.Agent` gRPC service on one port and the HTTP API on another, deciding locally from
 //! allocations leased from the allocator. SIGINT or SIGTERM stops it gracefully: the servers stop
 //! accepting, and every allocation is released with its final spend before the process exits.
+//! SIGHUP (and, every `--policy-reload-ms`, a change of the files) reloads the policies.
 
+use allot_agent::reload::{hangup_signal, PolicyFiles};
 use allot_agent::server::{serve_grpc, serve_http, Agent, AgentFile};
 use allot_common::clock::MonotonicClock;
-use allot_common::config::ConfigSet;
+use allot_common::config::{read_policy_documents, ConfigSet};
 use allot_common::process::{stop_signal, write_ready_file};
 use anyhow::{bail, Context, Result};
 use clap::Parser;
@@ -44,9 +46,13 @@ struct Cli {
     /// agent on port 0 learns where it is.
     #[arg(long)]
     ready_file: Option<PathBuf>,
-    /// Policy YAML file or folder.
+    /// Policy YAML file or folder. Read again on SIGHUP and every --policy-reload-ms; a
+    /// changed, valid set becomes current without a restart, an invalid one is refused.
     #[arg(long)]
     policies: Option<PathBuf>,
+    /// How often the policies are read again, ms (default 5000); 0: only on SIGHUP.
+    #[arg(long)]
+    policy_reload_ms: Option<u64>,
 }
 
 fn main() -> Result<()> {
@@ -65,6 +71,9 @@ fn main() -> Result<()> {
         .block_on(run(cli))
 }
 
+/// Default of `--policy-reload-ms`: a changed policy file is in force within 5 s.
+const DEFAULT_POLICY_RELOAD_MS: u64 = 5_000;
+
 /// What the command line and the settings file resolve to (a flag wins over the file).
 struct Resolved {
     file: AgentFile,
@@ -72,6 +81,7 @@ struct Resolved {
     region: String,
     allocators: Vec<String>,
     policy_path: PathBuf,
+    policy_reload: Option<Duration>,
     grpc_addr: String,
     http_addr: String,
     ready_file: Option<PathBuf>,
@@ -109,6 +119,12 @@ impl Resolved {
                 cli.allocators
             },
             policy_path,
+            policy_reload: match cli.policy_reload_ms.or(file.policy_reload_ms) {
+                Some(0) => None,
+                ms => Some(Duration::from_millis(
+                    ms.unwrap_or(DEFAULT_POLICY_RELOAD_MS),
+                )),
+            },
             grpc_addr: cli
                 .grpc_listen
                 .or(file.listen.grpc.clone())
@@ -125,8 +141,9 @@ impl Resolved {
 
 async fn run(cli: Cli) -> Result<()> {
     let r = Resolved::of(cli)?;
-    let policies = ConfigSet::load(&r.policy_path)
-        .with_context(|| format!("loading policies from {}", r.policy_path.display()))?;
+    let loading = || format!("loading policies from {}", r.policy_path.display());
+    let documents = read_policy_documents(&r.policy_path).with_context(loading)?;
+    let policies = ConfigSet::from_documents(&documents).with_context(loading)?;
     let lease = r.file.lease_settings(&r.agent_id, &r.region);
     let mut agent = Agent::build(
         policies,
@@ -152,7 +169,15 @@ async fn run(cli: Cli) -> Result<()> {
     // being decided when the lease manager closes and releases the allocations.
     let (stop_serving, serving) = watch::channel(false);
     let (stop_background, background_shutdown) = watch::channel(false);
-    let background = agent.spawn_background(background_shutdown);
+    let background = agent.spawn_background(background_shutdown.clone());
+    let files = PolicyFiles::new(
+        r.policy_path.clone(),
+        documents,
+        !r.allocators.is_empty(),
+        agent.decider.clone(),
+    );
+    // Installed before the ready file is written: a SIGHUP from then on reloads, never kills.
+    tokio::spawn(Arc::new(files).watch(hangup_signal(), r.policy_reload, background_shutdown));
     let grpc_task = tokio::spawn(serve_grpc(grpc, agent.decider.clone(), serving.clone()));
     let http_task = tokio::spawn(serve_http(http, agent.decider.clone(), serving));
     if let Some(path) = &r.ready_file {

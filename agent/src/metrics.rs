@@ -52,6 +52,21 @@ pub struct RequestCounters {
     pub invalid: AtomicU64,
 }
 
+/// Policy reloads ([`reload`](crate::reload)) and the config version deciding now.
+#[derive(Debug, Default)]
+pub struct ReloadCounters {
+    /// Policy sets made current by a reload.
+    pub applied: AtomicU64,
+    /// Reloads refused (unreadable or invalid policies; the current version stayed). The same
+    /// refused contents count once, however often they are checked again.
+    pub rejected: AtomicU64,
+    /// 1 when the last reload check read the policies as current or applied them, 0 after a
+    /// refusal.
+    pub last_ok: AtomicU64,
+    /// Version of the config deciding now (1 at start, one more per applied change).
+    pub version: AtomicU64,
+}
+
 type ByRule = HashMap<String, Vec<Option<Arc<PolicyCounters>>>>;
 
 /// The agent's metrics.
@@ -65,6 +80,8 @@ pub struct Metrics {
     by_name: Arc<Mutex<HashMap<String, Arc<PolicyCounters>>>>,
     /// Requests by outcome.
     pub requests: Arc<RequestCounters>,
+    /// Policy reloads and the config version.
+    pub reloads: Arc<ReloadCounters>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -111,9 +128,14 @@ impl Metrics {
         let meter = provider.meter("allot-agent");
         let by_name: Arc<Mutex<HashMap<String, Arc<PolicyCounters>>>> = Arc::default();
         let requests = Arc::new(RequestCounters::default());
+        let reloads = Arc::new(ReloadCounters {
+            last_ok: AtomicU64::new(1),
+            ..ReloadCounters::default()
+        });
 
         register_policy_decisions(&meter, by_name.clone());
         register_requests(&meter, requests.clone());
+        register_reloads(&meter, reloads.clone());
         register_lease_counters(&meter, &book);
         register_lease_gauges(&meter, &book);
         let latency = NanosHistogram::new(LATENCY_BUCKETS_NS);
@@ -125,12 +147,14 @@ impl Metrics {
             by_rule: ArcSwap::from_pointee(HashMap::new()),
             by_name,
             requests,
+            reloads,
         })
     }
 
     /// Maps the rules of `snap` to their policy counters (by name; counters of a name persist
     /// across config versions, so they stay monotonic).
     pub fn apply(&self, snap: &Snapshot) {
+        self.reloads.version.store(snap.version, Ordering::Relaxed);
         let mut names = self.by_name.lock();
         let mut by_rule: ByRule = HashMap::new();
         for d in snap.domains() {
@@ -443,6 +467,41 @@ fn register_requests(meter: &Meter, req: Arc<RequestCounters>) {
                 o.observe(v.load(Ordering::Relaxed), &[KeyValue::new("code", code)]);
             }
         })
+        .build();
+}
+
+/// Policy reloads by result, whether the last one succeeded, and the config version.
+fn register_reloads(meter: &Meter, r: Arc<ReloadCounters>) {
+    let c = r.clone();
+    meter
+        .u64_observable_counter("allot_agent_policy_reloads")
+        .with_description(
+            "Policy reloads (SIGHUP or a changed file), by result: applied, or rejected \
+             (unreadable or invalid; the current policies stay; the same contents count once)",
+        )
+        .with_callback(move |o| {
+            for (result, v) in [("applied", &c.applied), ("rejected", &c.rejected)] {
+                o.observe(
+                    v.load(Ordering::Relaxed),
+                    &[KeyValue::new("result", result)],
+                );
+            }
+        })
+        .build();
+    let c = r.clone();
+    meter
+        .u64_observable_gauge("allot_agent_policy_reload_ok")
+        .with_description(
+            "1 when the policies on disk are the ones deciding, 0 after a refused reload",
+        )
+        .with_callback(move |o| o.observe(c.last_ok.load(Ordering::Relaxed), &[]))
+        .build();
+    meter
+        .u64_observable_gauge("allot_agent_policy_version")
+        .with_description(
+            "Version of the policies deciding now (1 at start, +1 per applied change)",
+        )
+        .with_callback(move |o| o.observe(r.version.load(Ordering::Relaxed), &[]))
         .build();
 }
 

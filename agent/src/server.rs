@@ -104,6 +104,7 @@ pub struct TrackingFile {
 /// allocators: ["10.0.0.1:7000", "10.0.0.2:7000"]
 /// listen: {grpc: "0.0.0.0:8081", http: "0.0.0.0:8080"}
 /// policies: /etc/allot/policies     # a YAML file or a folder of them
+/// policy_reload_ms: 5000             # read again when changed (and on SIGHUP); 0: SIGHUP only
 /// lease: {report_interval_ms: 1000, cold_wait_ms: 250}
 /// gateway: {slot_ttl_ms: 60000}
 /// ```
@@ -122,6 +123,9 @@ pub struct AgentFile {
     pub listen: ListenFile,
     /// Policy file or folder; relative paths are relative to the settings file.
     pub policies: Option<PathBuf>,
+    /// How often the policy files are read again and, when their contents changed and are
+    /// valid, made current ([`crate::reload`]), ms (default 5 000; 0: only on SIGHUP).
+    pub policy_reload_ms: Option<u64>,
     /// Lease settings.
     #[serde(default)]
     pub lease: LeaseFile,
@@ -233,15 +237,10 @@ impl Agent {
         clock: Arc<dyn Clock>,
     ) -> Result<Self, AgentError> {
         if allocators.is_empty() {
-            if let Some(r) = policies
-                .domains()
-                .flat_map(|d| d.rules.iter())
-                .find(|r| leased(r))
-            {
+            if let Some(name) = first_leased(&policies) {
                 return Err(AgentError::Invalid(format!(
-                    "policy {:?} has scope: global (leased from the allocator) but no allocator \
-                     endpoint is configured; add `allocators` or set `scope: local`",
-                    r.name
+                    "policy {name:?} has scope: global (leased from the allocator) but no \
+                     allocator endpoint is configured; add `allocators` or set `scope: local`"
                 )));
             }
         }
@@ -284,6 +283,16 @@ impl Agent {
             let _ = sweeper.await;
         })
     }
+}
+
+/// The name of the first `scope: global` (leased) rule of `policies`, if any: such a rule needs
+/// an allocator, at start ([`Agent::build`]) and at a reload ([`crate::reload`]).
+pub(crate) fn first_leased(policies: &ConfigSet) -> Option<String> {
+    policies
+        .domains()
+        .flat_map(|d| d.rules.iter())
+        .find(|r| leased(r))
+        .map(|r| r.name.clone())
 }
 
 /// Expires abandoned reservations and forgotten slots once a second until `shutdown`.

@@ -3,11 +3,12 @@
 //! Serves the Raft transport and the `allot.v1.Allocator` API on one gRPC address. Settings
 //! come from an optional YAML file (`--config`, see [`allot_allocator::daemon::config_file`]),
 //! overridden by flags. Logs go to stderr (`RUST_LOG` filters them). SIGINT or SIGTERM stop the
-//! node gracefully: Raft stops, the server drains, and sled is flushed.
+//! node gracefully: Raft stops, the server drains, and sled is flushed. SIGHUP reads the
+//! `--policies` folder again and installs what changed.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -56,7 +57,7 @@ struct Cli {
     #[arg(long = "peer")]
     peers: Vec<Member>,
     /// Folder (or file) of policy YAML documents, installed (when changed) the first time this
-    /// node leads after it starts.
+    /// node leads after it starts, and again after each SIGHUP (read anew).
     #[arg(long)]
     policies: Option<PathBuf>,
     /// Initialise a new cluster of the listed peers if this node's log is empty.
@@ -113,7 +114,11 @@ fn advertise_addr(cli: &Cli, file: &FileConfig, listen: &str, bound: SocketAddr)
 
 /// File settings overridden by flags, with defaults filled in; `advertise` is where this node
 /// is reached (see [`advertise_addr`]).
-fn resolve(cli: Cli, file: FileConfig, advertise: String) -> Result<DaemonConfig> {
+fn resolve(
+    cli: Cli,
+    file: FileConfig,
+    advertise: String,
+) -> Result<(DaemonConfig, Option<PathBuf>)> {
     let id = cli
         .node_id
         .or(file.node_id)
@@ -167,8 +172,9 @@ fn resolve(cli: Cli, file: FileConfig, advertise: String) -> Result<DaemonConfig
             .logs_kept_after_snapshot
             .unwrap_or(defaults.logs_kept_after_snapshot),
     };
-    let policies = match cli.policies.or(file.policies) {
-        Some(dir) => load_policy_files(&dir)?,
+    let policy_dir = cli.policies.or(file.policies);
+    let policies = match &policy_dir {
+        Some(dir) => load_policy_files(dir)?,
         None => Vec::new(),
     };
     let config = DaemonConfig {
@@ -187,7 +193,25 @@ fn resolve(cli: Cli, file: FileConfig, advertise: String) -> Result<DaemonConfig
         tick_every: Duration::from_millis(cli.tick_ms.or(file.tick_ms).unwrap_or(250)),
         policies,
     };
-    Ok(config)
+    Ok((config, policy_dir))
+}
+
+/// SIGHUP: reads the policy folder again and has the daemon install what changed
+/// ([`Daemon::reinstall_policies`]); a folder that no longer loads is logged and changes nothing.
+fn reload_policies(daemon: &mut Daemon, dir: Option<&Path>) {
+    let Some(dir) = dir else {
+        tracing::info!("SIGHUP: no policy folder configured; nothing to reload");
+        return;
+    };
+    match load_policy_files(dir) {
+        Ok(files) => {
+            tracing::info!(policies = %dir.display(), files = files.len(), "SIGHUP: policies re-read");
+            daemon.reinstall_policies(files);
+        }
+        Err(e) => {
+            tracing::error!(policies = %dir.display(), error = %e, "SIGHUP: policies not reloaded; nothing changed")
+        }
+    }
 }
 
 /// mimalloc, not glibc's allocator: see `allot_allocator::heap`.
@@ -233,7 +257,7 @@ async fn run() -> Result<()> {
     let bound = listener.local_addr().context("no local address")?;
     let advertise = advertise_addr(&cli, &file, &listen, bound);
     let ready_file = cli.ready_file.clone();
-    let config = resolve(cli, file, advertise)?;
+    let (config, policy_dir) = resolve(cli, file, advertise)?;
     tracing::info!(
         node = config.node.id,
         %listen,
@@ -244,13 +268,24 @@ async fn run() -> Result<()> {
         "starting"
     );
     let advertise = config.node.advertise_addr.clone();
-    let daemon = Daemon::start(config, Arc::new(SystemNodeClock), listener).await?;
+    let mut daemon = Daemon::start(config, Arc::new(SystemNodeClock), listener).await?;
+    // Installed before the ready file: from then on SIGHUP re-reads the policy folder (its
+    // default action would end the process).
+    let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+        .context("cannot watch SIGHUP")?;
     if let Some(path) = &ready_file {
         // Written only now: the server accepts connections and the address is final.
         write_ready_file(path, &format!("grpc {advertise}\n"))
             .with_context(|| format!("cannot write the ready file {}", path.display()))?;
     }
-    stop_signal().await?;
+    let stop = stop_signal();
+    tokio::pin!(stop);
+    loop {
+        tokio::select! {
+            r = &mut stop => break r?,
+            _ = hangup.recv() => reload_policies(&mut daemon, policy_dir.as_deref()),
+        }
+    }
     tracing::info!("stopping");
     daemon.shutdown().await?;
     tracing::info!("stopped; data flushed");

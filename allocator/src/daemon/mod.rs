@@ -71,6 +71,7 @@ pub struct Daemon {
     node: Arc<Node<Ledger>>,
     commit: Option<GroupCommit<Ledger>>,
     tasks: Vec<JoinHandle<()>>,
+    installer: JoinHandle<()>,
 }
 
 impl Daemon {
@@ -184,19 +185,30 @@ impl Daemon {
         let tasks = vec![
             ticker::spawn_ticker(node.clone(), config.tick_every),
             skew_watch::spawn_skew_watch(node.clone(), config.tick_every),
-            policy_files::spawn_installer(node.clone(), config.policies),
             heap::spawn_release(heap::RELEASE_EVERY, blocking),
         ];
+        let installer = policy_files::spawn_installer(node.clone(), config.policies);
         Ok(Self {
             node,
             commit,
             tasks,
+            installer,
         })
     }
 
     /// The Raft node (metrics, local state, proposals).
     pub fn node(&self) -> &Arc<Node<Ledger>> {
         &self.node
+    }
+
+    /// Makes `files` the policy folder's desired state again (the operator's SIGHUP after
+    /// editing it): an installer still waiting with older files stops, and a new one installs
+    /// every document of `files` not in force, now if this node leads, else the next time it
+    /// does ([`policy_files::spawn_installer`]). A version put since with `allotctl policy put`
+    /// is replaced only where the file differs from it.
+    pub fn reinstall_policies(&mut self, files: Vec<PolicyFile>) {
+        self.installer.abort();
+        self.installer = policy_files::spawn_installer(self.node.clone(), files);
     }
 
     /// The group commit of the API's writes (`None` when every write is its own entry).
@@ -209,6 +221,8 @@ impl Daemon {
     /// # Errors
     /// As [`Node::shutdown`].
     pub async fn shutdown(self) -> Result<(), NodeError> {
+        self.installer.abort();
+        let _ = self.installer.await;
         for task in &self.tasks {
             task.abort();
         }

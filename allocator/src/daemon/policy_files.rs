@@ -1,5 +1,6 @@
-//! Policy documents loaded from a folder at startup and installed through Raft the first time
-//! this node leads, so a cluster started from files serves them without an operator.
+//! Policy documents loaded from a folder at startup (and again on SIGHUP) and installed through
+//! Raft the first time this node leads after that, so a cluster started from files serves them
+//! without an operator.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -338,6 +338,42 @@ pub fn policy_paths(path: &Path) -> std::io::Result<Vec<PathBuf>> {
     Ok(files)
 }
 
+/// One policy file as read: its path and its text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PolicyDocument {
+    /// The file.
+    pub file: PathBuf,
+    /// Its contents (UTF-8).
+    pub text: String,
+}
+
+/// Reads the policy documents at `path` ([`policy_paths`]).
+///
+/// # Errors
+/// [`ConfigError::Io`] for an unreadable path or file, [`ConfigError::Empty`] for a folder
+/// without a policy file.
+pub fn read_policy_documents(path: &Path) -> Result<Vec<PolicyDocument>, ConfigError> {
+    let files = policy_paths(path).map_err(|e| ConfigError::Io {
+        file: path.to_path_buf(),
+        message: e.to_string(),
+    })?;
+    if files.is_empty() {
+        return Err(ConfigError::Empty {
+            dir: path.to_path_buf(),
+        });
+    }
+    files
+        .into_iter()
+        .map(|file| match std::fs::read_to_string(&file) {
+            Ok(text) => Ok(PolicyDocument { file, text }),
+            Err(e) => Err(ConfigError::Io {
+                message: e.to_string(),
+                file,
+            }),
+        })
+        .collect()
+}
+
 /// A validated set of domains: what a limiter decides with.
 #[derive(Debug, Clone, Default)]
 pub struct ConfigSet {
@@ -351,22 +387,19 @@ impl ConfigSet {
     /// [`ConfigError`] naming the file, the field path and the bad value, for unreadable files,
     /// YAML syntax errors, unknown fields, invalid values, or a domain defined twice.
     pub fn load(path: &Path) -> Result<ConfigSet, ConfigError> {
-        let files = policy_paths(path).map_err(|e| ConfigError::Io {
-            file: path.to_path_buf(),
-            message: e.to_string(),
-        })?;
-        if files.is_empty() {
-            return Err(ConfigError::Empty {
-                dir: path.to_path_buf(),
-            });
-        }
+        ConfigSet::from_documents(&read_policy_documents(path)?)
+    }
+
+    /// Validates documents already read ([`read_policy_documents`]): one domain each, in order.
+    /// A reload keeps the documents it built from, so it can tell a changed file from an
+    /// unchanged one without reading twice.
+    ///
+    /// # Errors
+    /// As [`load`](Self::load), except I/O.
+    pub fn from_documents(docs: &[PolicyDocument]) -> Result<ConfigSet, ConfigError> {
         let mut set = ConfigSet::default();
-        for file in files {
-            let text = std::fs::read_to_string(&file).map_err(|e| ConfigError::Io {
-                file: file.clone(),
-                message: e.to_string(),
-            })?;
-            set.insert(ConfigSet::parse_domain(&text, &file)?)?;
+        for doc in docs {
+            set.insert(ConfigSet::parse_domain(&doc.text, &doc.file)?)?;
         }
         Ok(set)
     }

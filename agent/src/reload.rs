@@ -1,0 +1,400 @@
+//! Policy reload (design §10 "Config versions", seed §28): the agent reads its policy file or
+//! folder again on SIGHUP and, when `policy_reload_ms` is set, whenever its contents change, and
+//! makes a valid new set current through [`Decider::apply`]. State of unchanged rules carries
+//! over, leased keys size their next Acquire by the new rule, and a decision in flight finishes
+//! under the version it started with.
+//!
+//! An unreadable or invalid set changes nothing: the current version keeps deciding, the error
+//! is logged and counted once per distinct failure (`allot_agent_policy_reloads{result=
+//! "rejected"}`, `allot_agent_policy_reload_ok` 0) and the same contents are not logged again
+//! until they change. Contents equal to the current version's are not applied again, so a poll
+//! never bumps the version of an unchanged file (comparison of the files' bytes, not of
+//! modification times, which a ConfigMap's symlink swap or a copy may not change).
+
+use crate::api::Decider;
+use crate::server::first_leased;
+use allot_common::config::{read_policy_documents, ConfigError, ConfigSet, PolicyDocument};
+use parking_lot::Mutex;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::signal::unix::{signal, Signal, SignalKind};
+use tokio::sync::watch;
+
+/// A SIGHUP handler, to be installed before the agent announces itself ready: from then on
+/// SIGHUP reloads (its default action would end the process). `None`, logged, when it cannot
+/// be installed; the poll still runs.
+pub fn hangup_signal() -> Option<Signal> {
+    match signal(SignalKind::hangup()) {
+        Ok(s) => Some(s),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot watch SIGHUP: policies reload only by polling");
+            None
+        }
+    }
+}
+
+/// Why a reload was refused; the current policies stay in force.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ReloadError {
+    /// The files could not be read or are not a valid policy set (names the file, the field
+    /// and the value, as at start).
+    #[error("{0}")]
+    Policies(String),
+    /// A rule became `scope: global` on an agent started without an allocator.
+    #[error(
+        "policy {rule:?} has scope: global (leased from the allocator) but this agent has no \
+         allocator endpoint"
+    )]
+    LeasedWithoutAllocator {
+        /// The rule's name.
+        rule: String,
+    },
+}
+
+impl From<ConfigError> for ReloadError {
+    fn from(e: ConfigError) -> Self {
+        ReloadError::Policies(e.to_string())
+    }
+}
+
+/// What one check of the policy files did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reload {
+    /// The files hold what is deciding now; nothing applied.
+    Unchanged,
+    /// A new version is deciding.
+    Applied {
+        /// Its version number.
+        version: u64,
+    },
+    /// Refused; the current version keeps deciding.
+    Rejected {
+        /// Why.
+        error: ReloadError,
+        /// The previous check was refused for the same reason (not logged or counted again).
+        repeated: bool,
+    },
+}
+
+/// The agent's policy files and what was last made of them.
+pub struct PolicyFiles {
+    path: PathBuf,
+    leasing: bool,
+    decider: Arc<Decider>,
+    state: Mutex<Seen>,
+}
+
+/// The contents deciding now and the last refusal.
+struct Seen {
+    current: Vec<PolicyDocument>,
+    refused: Option<ReloadError>,
+}
+
+impl std::fmt::Debug for PolicyFiles {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PolicyFiles")
+            .field("path", &self.path)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PolicyFiles {
+    /// The policies at `path`, of which `current` (as read at start) decide now through
+    /// `decider`; `leasing`: the agent has an allocator (else a `scope: global` rule is refused,
+    /// as at start).
+    pub fn new(
+        path: PathBuf,
+        current: Vec<PolicyDocument>,
+        leasing: bool,
+        decider: Arc<Decider>,
+    ) -> Self {
+        PolicyFiles {
+            path,
+            leasing,
+            decider,
+            state: Mutex::new(Seen {
+                current,
+                refused: None,
+            }),
+        }
+    }
+
+    /// Reads the files and applies them if they changed and are valid. Never fails: a refusal
+    /// is an outcome ([`Reload::Rejected`]) and leaves the deciding version as it was.
+    pub fn check(&self) -> Reload {
+        let mut seen = self.state.lock();
+        let outcome = match self.read_and_apply(&seen.current) {
+            Ok(None) => Reload::Unchanged,
+            Ok(Some((docs, version))) => {
+                seen.current = docs;
+                Reload::Applied { version }
+            }
+            Err(error) => {
+                let repeated = seen.refused.as_ref() == Some(&error);
+                Reload::Rejected { error, repeated }
+            }
+        };
+        seen.refused = match &outcome {
+            Reload::Rejected { error, .. } => Some(error.clone()),
+            _ => None,
+        };
+        self.count(&outcome);
+        outcome
+    }
+
+    /// The new documents and version when they differ from `current` and are valid.
+    fn read_and_apply(
+        &self,
+        current: &[PolicyDocument],
+    ) -> Result<Option<(Vec<PolicyDocument>, u64)>, ReloadError> {
+        let docs = read_policy_documents(&self.path)?;
+        if docs == current {
+            return Ok(None);
+        }
+        let set = ConfigSet::from_documents(&docs)?;
+        if !self.leasing {
+            if let Some(rule) = first_leased(&set) {
+                return Err(ReloadError::LeasedWithoutAllocator { rule });
+            }
+        }
+        let version = self.decider.apply(set);
+        Ok(Some((docs, version)))
+    }
+
+    fn count(&self, outcome: &Reload) {
+        let c = &self.decider.metrics().reloads;
+        match outcome {
+            Reload::Unchanged => c.last_ok.store(1, Ordering::Relaxed),
+            Reload::Applied { .. } => {
+                c.applied.fetch_add(1, Ordering::Relaxed);
+                c.last_ok.store(1, Ordering::Relaxed);
+            }
+            Reload::Rejected { repeated, .. } => {
+                if !repeated {
+                    c.rejected.fetch_add(1, Ordering::Relaxed);
+                }
+                c.last_ok.store(0, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Checks the files on every signal of `hangup` ([`hangup_signal`]) and, with `poll`, every
+    /// `poll`, logging what changed, until `shutdown` turns true.
+    pub async fn watch(
+        self: Arc<Self>,
+        mut hangup: Option<Signal>,
+        poll: Option<Duration>,
+        mut shutdown: watch::Receiver<bool>,
+    ) {
+        let mut tick = poll.map(|p| {
+            let mut t = tokio::time::interval_at(tokio::time::Instant::now() + p, p);
+            t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            t
+        });
+        loop {
+            let asked = tokio::select! {
+                r = shutdown.changed() => if r.is_err() || *shutdown.borrow() { return } else { continue },
+                Some(_) = async { hangup.as_mut()?.recv().await } => true,
+                _ = async { tick.as_mut().expect("guarded").tick().await }, if tick.is_some() => false,
+            };
+            self.log(&self.check(), asked);
+        }
+    }
+
+    /// Logs a check's outcome: an applied or newly refused set always, "unchanged" only when
+    /// an operator asked (SIGHUP).
+    fn log(&self, outcome: &Reload, asked: bool) {
+        let path = self.path.display();
+        match outcome {
+            Reload::Applied { version } => {
+                tracing::info!(policies = %path, version, "policies reloaded")
+            }
+            Reload::Rejected { error, repeated } if asked || !repeated => {
+                tracing::error!(policies = %path, %error, "policy reload refused; the current policies stay")
+            }
+            Reload::Unchanged if asked => {
+                tracing::info!(policies = %path, "policies unchanged")
+            }
+            _ => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::TrackingSettings;
+    use crate::lease::LeaseSettings;
+    use crate::server::Agent;
+    use allot_common::clock::ManualClock;
+    use allot_common::descriptor::{Descriptor, Entry, Request};
+    use allot_common::limiter::Code;
+
+    fn policy(per_minute: u32) -> String {
+        format!(
+            "domain: api\ndescriptors:\n  - key: client\n    rate_limit: {{unit: minute, \
+             requests_per_unit: {per_minute}, scope: local}}\n"
+        )
+    }
+
+    struct Rig {
+        dir: tempfile::TempDir,
+        decider: Arc<Decider>,
+        files: PolicyFiles,
+    }
+
+    impl Rig {
+        fn new(per_minute: u32) -> Rig {
+            let dir = tempfile::tempdir().expect("tempdir");
+            std::fs::write(dir.path().join("api.yaml"), policy(per_minute)).expect("write");
+            let docs = read_policy_documents(dir.path()).expect("read");
+            let agent = Agent::build(
+                ConfigSet::from_documents(&docs).expect("valid"),
+                LeaseSettings::new("a", "r"),
+                TrackingSettings::default(),
+                &[],
+                Arc::new(ManualClock::new(0)),
+            )
+            .expect("builds");
+            let decider = agent.decider.clone();
+            let files = PolicyFiles::new(dir.path().to_path_buf(), docs, false, decider.clone());
+            Rig {
+                dir,
+                decider,
+                files,
+            }
+        }
+
+        fn write(&self, name: &str, text: &str) {
+            std::fs::write(self.dir.path().join(name), text).expect("write");
+        }
+
+        fn check(&self, client: &str) -> Code {
+            let e = [Entry {
+                key: "client",
+                value: client,
+            }];
+            let d = [Descriptor {
+                entries: &e,
+                hits_addend: None,
+            }];
+            let req = Request {
+                domain: "api",
+                descriptors: &d,
+                hits_addend: None,
+            };
+            let mut st = Vec::new();
+            let o = self
+                .decider
+                .enforcer()
+                .decide_now(&req, &mut st)
+                .expect("valid");
+            o.code
+        }
+
+        fn counters(&self) -> (u64, u64, u64, u64) {
+            let c = &self.decider.metrics().reloads;
+            let l = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+            (l(&c.applied), l(&c.rejected), l(&c.last_ok), l(&c.version))
+        }
+    }
+
+    #[test]
+    fn unchanged_files_apply_nothing_and_keep_the_version() {
+        let r = Rig::new(2);
+        assert_eq!(r.files.check(), Reload::Unchanged);
+        // Rewritten with the same bytes: still the same policies.
+        r.write("api.yaml", &policy(2));
+        assert_eq!(r.files.check(), Reload::Unchanged);
+        assert_eq!(r.counters(), (0, 0, 1, 1));
+    }
+
+    #[test]
+    fn a_changed_valid_file_decides_from_the_next_request_and_keeps_the_keys_state() {
+        let r = Rig::new(2);
+        assert_eq!(r.check("a"), Code::Ok);
+        assert_eq!(r.check("a"), Code::Ok);
+        assert_eq!(r.check("a"), Code::OverLimit);
+        r.write("api.yaml", &policy(5));
+        assert_eq!(r.files.check(), Reload::Applied { version: 2 });
+        // Same rule (domain and key path): the bucket carries over and its capacity grows by
+        // the increase, 3 tokens (design §10 "Config versions"), no refill on a stopped clock.
+        for _ in 0..3 {
+            assert_eq!(r.check("a"), Code::Ok);
+        }
+        assert_eq!(r.check("a"), Code::OverLimit);
+        assert_eq!(r.counters(), (1, 0, 1, 2));
+        assert_eq!(r.files.check(), Reload::Unchanged);
+    }
+
+    #[test]
+    fn an_invalid_file_is_refused_once_and_the_current_policies_keep_deciding() {
+        let r = Rig::new(2);
+        r.write("api.yaml", "domain: api\ndescriptors:\n  - key: client\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n");
+        let Reload::Rejected { error, repeated } = r.files.check() else {
+            panic!("refused")
+        };
+        assert!(!repeated);
+        assert!(error.to_string().contains("fortnight"), "{error}");
+        // Checked again (a poll): the same refusal, counted once.
+        assert!(matches!(
+            r.files.check(),
+            Reload::Rejected { repeated: true, .. }
+        ));
+        assert_eq!(r.counters(), (0, 1, 0, 1));
+        assert_eq!(r.check("b"), Code::Ok);
+        assert_eq!(r.check("b"), Code::Ok);
+        assert_eq!(
+            r.check("b"),
+            Code::OverLimit,
+            "version 1's limit of 2 still decides"
+        );
+        // Mended: applied, and the gauge is back to 1.
+        r.write("api.yaml", &policy(3));
+        assert_eq!(r.files.check(), Reload::Applied { version: 2 });
+        assert_eq!(r.counters(), (1, 1, 1, 2));
+    }
+
+    #[test]
+    fn a_second_domain_defining_the_same_one_is_refused_whole() {
+        let r = Rig::new(2);
+        r.write("b.yaml", &policy(9));
+        assert!(matches!(r.files.check(), Reload::Rejected { .. }));
+        assert_eq!(r.check("c"), Code::Ok);
+        assert_eq!(r.check("c"), Code::Ok);
+        assert_eq!(r.check("c"), Code::OverLimit);
+    }
+
+    #[test]
+    fn a_leased_rule_is_refused_on_an_agent_without_an_allocator() {
+        let r = Rig::new(2);
+        r.write(
+            "api.yaml",
+            &policy(2).replace("scope: local", "scope: global"),
+        );
+        assert_eq!(
+            r.files.check(),
+            Reload::Rejected {
+                error: ReloadError::LeasedWithoutAllocator {
+                    rule: "api|client".into()
+                },
+                repeated: false
+            }
+        );
+        assert_eq!(r.counters(), (0, 1, 0, 1));
+    }
+
+    #[test]
+    fn removed_files_are_refused_and_change_nothing() {
+        let r = Rig::new(2);
+        std::fs::remove_file(r.dir.path().join("api.yaml")).expect("rm");
+        let Reload::Rejected { error, .. } = r.files.check() else {
+            panic!("refused")
+        };
+        assert!(error.to_string().contains("no config files"), "{error}");
+        assert_eq!(r.check("d"), Code::Ok);
+        assert_eq!(r.counters().3, 1);
+    }
+}
