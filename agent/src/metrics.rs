@@ -60,9 +60,11 @@ pub struct ReloadCounters {
     /// Reloads refused (unreadable or invalid policies; the current version stayed). The same
     /// refused contents count once, however often they are checked again.
     pub rejected: AtomicU64,
-    /// 1 when the last reload check read the policies as current or applied them, 0 after a
+    /// 1 when the last reload check found the policies current or applied them, 0 after a
     /// refusal.
     pub last_ok: AtomicU64,
+    /// Checks of the policy files (polls and SIGHUPs), whatever they found.
+    pub checks: AtomicU64,
     /// Version of the config deciding now (1 at start, one more per applied change).
     pub version: AtomicU64,
 }
@@ -490,9 +492,15 @@ fn register_reloads(meter: &Meter, r: Arc<ReloadCounters>) {
         .build();
     let c = r.clone();
     meter
+        .u64_observable_counter("allot_agent_policy_checks")
+        .with_description("Checks of the policy files (polls and SIGHUPs), whatever they found")
+        .with_callback(move |o| o.observe(c.checks.load(Ordering::Relaxed), &[]))
+        .build();
+    let c = r.clone();
+    meter
         .u64_observable_gauge("allot_agent_policy_reload_ok")
         .with_description(
-            "1 when the policies on disk are the ones deciding, 0 after a refused reload",
+            "1 when the last check found the policies current or applied them, 0 after a refusal",
         )
         .with_callback(move |o| o.observe(c.last_ok.load(Ordering::Relaxed), &[]))
         .build();

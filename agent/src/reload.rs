@@ -1,15 +1,19 @@
 //! Policy reload (design §10 "Config versions", seed §28): the agent reads its policy file or
-//! folder again on SIGHUP and, when `policy_reload_ms` is set, whenever its contents change, and
-//! makes a valid new set current through [`Decider::apply`]. State of unchanged rules carries
-//! over, leased keys size their next Acquire by the new rule, and a decision in flight finishes
-//! under the version it started with.
+//! folder again on SIGHUP and, when `policy_reload_ms` is set, at every poll, and makes a valid
+//! changed set current through [`Decider::apply`]. State of unchanged rules carries over, leased
+//! keys size their next Acquire by the new rule, keys of rules no longer leased release what
+//! they hold ([`LeaseBook::apply`](crate::lease::LeaseBook::apply)), and a decision in flight
+//! finishes under the version it started with.
+//!
+//! A SIGHUP applies changed files at once (the operator says they are complete); a poll only
+//! once the previous poll read the same changed bytes, so a file or folder caught half-way
+//! through a non-atomic write is not applied. Bytes equal to the current version's are never
+//! applied again, so a poll never bumps the version of an unchanged file (comparing contents,
+//! not modification times, which a ConfigMap's symlink swap or a copy may not change).
 //!
 //! An unreadable or invalid set changes nothing: the current version keeps deciding, the error
 //! is logged and counted once per distinct failure (`allot_agent_policy_reloads{result=
-//! "rejected"}`, `allot_agent_policy_reload_ok` 0) and the same contents are not logged again
-//! until they change. Contents equal to the current version's are not applied again, so a poll
-//! never bumps the version of an unchanged file (comparison of the files' bytes, not of
-//! modification times, which a ConfigMap's symlink swap or a copy may not change).
+//! "rejected"}`, `allot_agent_policy_reload_ok` 0).
 
 use crate::api::Decider;
 use crate::server::first_leased;
@@ -40,8 +44,8 @@ pub fn hangup_signal() -> Option<Signal> {
 pub enum ReloadError {
     /// The files could not be read or are not a valid policy set (names the file, the field
     /// and the value, as at start).
-    #[error("{0}")]
-    Policies(String),
+    #[error(transparent)]
+    Policies(#[from] ConfigError),
     /// A rule became `scope: global` on an agent started without an allocator.
     #[error(
         "policy {rule:?} has scope: global (leased from the allocator) but this agent has no \
@@ -53,17 +57,15 @@ pub enum ReloadError {
     },
 }
 
-impl From<ConfigError> for ReloadError {
-    fn from(e: ConfigError) -> Self {
-        ReloadError::Policies(e.to_string())
-    }
-}
-
 /// What one check of the policy files did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Reload {
     /// The files hold what is deciding now; nothing applied.
     Unchanged,
+    /// A poll read changed files for the first time: they are applied when the next poll reads
+    /// the same bytes (a writer may be half-way through a file or a folder), or at once on
+    /// SIGHUP.
+    Changing,
     /// A new version is deciding.
     Applied {
         /// Its version number.
@@ -86,9 +88,10 @@ pub struct PolicyFiles {
     state: Mutex<Seen>,
 }
 
-/// The contents deciding now and the last refusal.
+/// The contents deciding now, changed contents seen once by a poll, and the last refusal.
 struct Seen {
     current: Vec<PolicyDocument>,
+    changing: Option<Vec<PolicyDocument>>,
     refused: Option<ReloadError>,
 }
 
@@ -116,21 +119,37 @@ impl PolicyFiles {
             decider,
             state: Mutex::new(Seen {
                 current,
+                changing: None,
                 refused: None,
             }),
         }
     }
 
-    /// Reads the files and applies them if they changed and are valid. Never fails: a refusal
-    /// is an outcome ([`Reload::Rejected`]) and leaves the deciding version as it was.
-    pub fn check(&self) -> Reload {
+    /// Reads the files and applies them if they changed and are valid: at once when an operator
+    /// `asked` (SIGHUP), else (a poll) only when the previous poll read the same changed bytes,
+    /// so a file or folder caught half-way through a non-atomic write is not applied. Never
+    /// fails: a refusal is an outcome ([`Reload::Rejected`]) and leaves the deciding version as
+    /// it was. Blocking (file reads, and the new version's transition of every key table):
+    /// call it off the async workers.
+    pub fn check(&self, asked: bool) -> Reload {
         let mut seen = self.state.lock();
-        let outcome = match self.read_and_apply(&seen.current) {
-            Ok(None) => Reload::Unchanged,
-            Ok(Some((docs, version))) => {
+        let outcome = match read_policy_documents(&self.path) {
+            Err(e) => Err(ReloadError::from(e)),
+            Ok(docs) if docs == seen.current => Ok(Reload::Unchanged),
+            Ok(docs) if !asked && seen.changing.as_ref() != Some(&docs) => {
+                seen.changing = Some(docs);
+                Ok(Reload::Changing)
+            }
+            Ok(docs) => self.apply(&docs).map(|version| {
                 seen.current = docs;
                 Reload::Applied { version }
-            }
+            }),
+        };
+        if !matches!(outcome, Ok(Reload::Changing)) {
+            seen.changing = None;
+        }
+        let outcome = match outcome {
+            Ok(o) => o,
             Err(error) => {
                 let repeated = seen.refused.as_ref() == Some(&error);
                 Reload::Rejected { error, repeated }
@@ -138,34 +157,29 @@ impl PolicyFiles {
         };
         seen.refused = match &outcome {
             Reload::Rejected { error, .. } => Some(error.clone()),
+            Reload::Changing => seen.refused.take(),
             _ => None,
         };
         self.count(&outcome);
         outcome
     }
 
-    /// The new documents and version when they differ from `current` and are valid.
-    fn read_and_apply(
-        &self,
-        current: &[PolicyDocument],
-    ) -> Result<Option<(Vec<PolicyDocument>, u64)>, ReloadError> {
-        let docs = read_policy_documents(&self.path)?;
-        if docs == current {
-            return Ok(None);
-        }
-        let set = ConfigSet::from_documents(&docs)?;
+    /// Validates `docs` whole and makes them the deciding version; returns its number.
+    fn apply(&self, docs: &[PolicyDocument]) -> Result<u64, ReloadError> {
+        let set = ConfigSet::from_documents(docs)?;
         if !self.leasing {
             if let Some(rule) = first_leased(&set) {
                 return Err(ReloadError::LeasedWithoutAllocator { rule });
             }
         }
-        let version = self.decider.apply(set);
-        Ok(Some((docs, version)))
+        Ok(self.decider.apply(set))
     }
 
     fn count(&self, outcome: &Reload) {
         let c = &self.decider.metrics().reloads;
+        c.checks.fetch_add(1, Ordering::Relaxed);
         match outcome {
+            Reload::Changing => {}
             Reload::Unchanged => c.last_ok.store(1, Ordering::Relaxed),
             Reload::Applied { .. } => {
                 c.applied.fetch_add(1, Ordering::Relaxed);
@@ -199,7 +213,11 @@ impl PolicyFiles {
                 Some(_) = async { hangup.as_mut()?.recv().await } => true,
                 _ = async { tick.as_mut().expect("guarded").tick().await }, if tick.is_some() => false,
             };
-            self.log(&self.check(), asked);
+            let me = self.clone();
+            match tokio::task::spawn_blocking(move || me.check(asked)).await {
+                Ok(outcome) => self.log(&outcome, asked),
+                Err(e) => tracing::error!(error = %e, "policy reload check failed"),
+            }
         }
     }
 
@@ -216,6 +234,9 @@ impl PolicyFiles {
             }
             Reload::Unchanged if asked => {
                 tracing::info!(policies = %path, "policies unchanged")
+            }
+            Reload::Changing => {
+                tracing::info!(policies = %path, "policy files changed; applied when the next poll reads them unchanged")
             }
             _ => {}
         }
@@ -304,10 +325,10 @@ mod tests {
     #[test]
     fn unchanged_files_apply_nothing_and_keep_the_version() {
         let r = Rig::new(2);
-        assert_eq!(r.files.check(), Reload::Unchanged);
+        assert_eq!(r.files.check(true), Reload::Unchanged);
         // Rewritten with the same bytes: still the same policies.
         r.write("api.yaml", &policy(2));
-        assert_eq!(r.files.check(), Reload::Unchanged);
+        assert_eq!(r.files.check(true), Reload::Unchanged);
         assert_eq!(r.counters(), (0, 0, 1, 1));
     }
 
@@ -318,7 +339,7 @@ mod tests {
         assert_eq!(r.check("a"), Code::Ok);
         assert_eq!(r.check("a"), Code::OverLimit);
         r.write("api.yaml", &policy(5));
-        assert_eq!(r.files.check(), Reload::Applied { version: 2 });
+        assert_eq!(r.files.check(true), Reload::Applied { version: 2 });
         // Same rule (domain and key path): the bucket carries over and its capacity grows by
         // the increase, 3 tokens (design §10 "Config versions"), no refill on a stopped clock.
         for _ in 0..3 {
@@ -326,21 +347,21 @@ mod tests {
         }
         assert_eq!(r.check("a"), Code::OverLimit);
         assert_eq!(r.counters(), (1, 0, 1, 2));
-        assert_eq!(r.files.check(), Reload::Unchanged);
+        assert_eq!(r.files.check(true), Reload::Unchanged);
     }
 
     #[test]
     fn an_invalid_file_is_refused_once_and_the_current_policies_keep_deciding() {
         let r = Rig::new(2);
         r.write("api.yaml", "domain: api\ndescriptors:\n  - key: client\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n");
-        let Reload::Rejected { error, repeated } = r.files.check() else {
+        let Reload::Rejected { error, repeated } = r.files.check(true) else {
             panic!("refused")
         };
         assert!(!repeated);
         assert!(error.to_string().contains("fortnight"), "{error}");
         // Checked again (a poll): the same refusal, counted once.
         assert!(matches!(
-            r.files.check(),
+            r.files.check(true),
             Reload::Rejected { repeated: true, .. }
         ));
         assert_eq!(r.counters(), (0, 1, 0, 1));
@@ -353,7 +374,7 @@ mod tests {
         );
         // Mended: applied, and the gauge is back to 1.
         r.write("api.yaml", &policy(3));
-        assert_eq!(r.files.check(), Reload::Applied { version: 2 });
+        assert_eq!(r.files.check(true), Reload::Applied { version: 2 });
         assert_eq!(r.counters(), (1, 1, 1, 2));
     }
 
@@ -361,7 +382,7 @@ mod tests {
     fn a_second_domain_defining_the_same_one_is_refused_whole() {
         let r = Rig::new(2);
         r.write("b.yaml", &policy(9));
-        assert!(matches!(r.files.check(), Reload::Rejected { .. }));
+        assert!(matches!(r.files.check(true), Reload::Rejected { .. }));
         assert_eq!(r.check("c"), Code::Ok);
         assert_eq!(r.check("c"), Code::Ok);
         assert_eq!(r.check("c"), Code::OverLimit);
@@ -375,7 +396,7 @@ mod tests {
             &policy(2).replace("scope: local", "scope: global"),
         );
         assert_eq!(
-            r.files.check(),
+            r.files.check(true),
             Reload::Rejected {
                 error: ReloadError::LeasedWithoutAllocator {
                     rule: "api|client".into()
@@ -390,11 +411,36 @@ mod tests {
     fn removed_files_are_refused_and_change_nothing() {
         let r = Rig::new(2);
         std::fs::remove_file(r.dir.path().join("api.yaml")).expect("rm");
-        let Reload::Rejected { error, .. } = r.files.check() else {
+        let Reload::Rejected { error, .. } = r.files.check(true) else {
             panic!("refused")
         };
         assert!(error.to_string().contains("no config files"), "{error}");
         assert_eq!(r.check("d"), Code::Ok);
         assert_eq!(r.counters().3, 1);
+    }
+
+    #[test]
+    fn a_poll_applies_a_change_only_once_two_reads_agree() {
+        let r = Rig::new(2);
+        // A writer half-way: the first poll sees a valid prefix of the new file.
+        r.write("api.yaml", "domain: api\ndescriptors: []\n");
+        assert_eq!(r.files.check(false), Reload::Changing);
+        // The write completes before the next poll: seen once more, then applied.
+        r.write("api.yaml", &policy(3));
+        assert_eq!(r.files.check(false), Reload::Changing);
+        assert_eq!(r.counters().3, 1, "nothing applied yet");
+        assert_eq!(r.files.check(false), Reload::Applied { version: 2 });
+        assert_eq!(r.files.check(false), Reload::Unchanged);
+        // A change reverted before the second poll is never applied.
+        r.write("api.yaml", &policy(9));
+        assert_eq!(r.files.check(false), Reload::Changing);
+        r.write("api.yaml", &policy(3));
+        assert_eq!(r.files.check(false), Reload::Unchanged);
+        assert_eq!(r.files.check(false), Reload::Unchanged);
+        assert_eq!(r.counters(), (1, 0, 1, 2));
+        assert_eq!(
+            r.decider.metrics().reloads.checks.load(Ordering::Relaxed),
+            7
+        );
     }
 }

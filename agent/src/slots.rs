@@ -24,8 +24,9 @@ pub struct RuleSlots {
     pub max_keys: u64,
     /// Rule name, for status pages.
     pub rule_name: String,
-    /// Per-key limiters.
-    pub table: ShardedTable<Arc<ConcurrencyLimiter>>,
+    /// Per-key limiters; shared with the rule's slots of earlier configs, so the slots held
+    /// across a config change stay counted.
+    pub table: Arc<ShardedTable<Arc<ConcurrencyLimiter>>>,
 }
 
 /// Per domain, per rule index: the rule's slots, `None` for rules without `max_in_flight`.
@@ -58,6 +59,11 @@ impl SlotTables {
             else {
                 return SlotOutcome::Full { max: rs.max };
             };
+            // A limiter made by a decision on the previous config, during a change of cap,
+            // takes this config's cap at its next use.
+            if k.value.max() != rs.max {
+                k.value.set_max(rs.max);
+            }
             let permit = match k.value.try_acquire(1) {
                 Ok(p) => p,
                 Err(ConcurrencyError::Full { max, .. })
@@ -106,8 +112,9 @@ fn capped(r: &Rule) -> Option<u64> {
 
 impl Slots {
     /// Rebuilds the per-rule tables for a new config snapshot and returns them. A rule whose
-    /// id and cap are unchanged keeps its limiters; a changed cap starts afresh (permits held
-    /// on the old limiters still release into them, harmlessly).
+    /// id is unchanged keeps its limiters and the slots held on them; a changed cap moves every
+    /// limiter's cap ([`ConcurrencyLimiter::set_max`]), so a request holding a slot across the
+    /// change still counts against the new cap.
     pub fn apply(&self, snap: &Snapshot) -> Arc<SlotTables> {
         let mut by_rule = self.by_rule.lock();
         let mut next: HashMap<String, Arc<RuleSlots>> = HashMap::new();
@@ -120,13 +127,23 @@ impl Slots {
                 .map(|r| {
                     let max = capped(r)?;
                     let t = match by_rule.get(&r.id) {
-                        Some(t) if t.max == max => t.clone(),
-                        _ => Arc::new(RuleSlots {
-                            max,
-                            max_keys: r.max_keys,
-                            rule_name: r.name.clone(),
-                            table: ShardedTable::default(),
-                        }),
+                        Some(t)
+                            if t.max == max
+                                && t.max_keys == r.max_keys
+                                && t.rule_name == r.name =>
+                        {
+                            t.clone()
+                        }
+                        old => {
+                            let table = old.map_or_else(Arc::default, |o| o.table.clone());
+                            table.for_each(|k| k.value.set_max(max));
+                            Arc::new(RuleSlots {
+                                max,
+                                max_keys: r.max_keys,
+                                rule_name: r.name.clone(),
+                                table,
+                            })
+                        }
                     };
                     next.insert(r.id.clone(), t.clone());
                     Some(t)
@@ -230,5 +247,35 @@ mod tests {
         assert!(matches!(t.acquire("d", 0, &a), SlotOutcome::Full { .. }));
         drop((p1, p2));
         assert!(matches!(t.acquire("d", 0, &a), SlotOutcome::Held(_)));
+    }
+
+    #[test]
+    fn slots_held_across_a_change_of_cap_count_against_the_new_cap() {
+        let s = Slots::default();
+        let t = s.apply(&limiter(3).snapshot());
+        let a = [Entry {
+            key: "k",
+            value: "a",
+        }];
+        let held: Vec<_> = (0..2).map(|_| t.acquire("d", 0, &a)).collect();
+        assert!(held.iter().all(|p| matches!(p, SlotOutcome::Held(_))));
+        // Raised to 5: the two held still count, so three more and no more.
+        let t = s.apply(&limiter(5).snapshot());
+        let more: Vec<_> = (0..3).map(|_| t.acquire("d", 0, &a)).collect();
+        assert!(more.iter().all(|p| matches!(p, SlotOutcome::Held(_))));
+        assert!(matches!(
+            t.acquire("d", 0, &a),
+            SlotOutcome::Full { max: 5 }
+        ));
+        // Lowered to 1 with five held: nothing until they fall below 1.
+        let t = s.apply(&limiter(1).snapshot());
+        drop(more);
+        assert!(matches!(
+            t.acquire("d", 0, &a),
+            SlotOutcome::Full { max: 1 }
+        ));
+        drop(held);
+        assert!(matches!(t.acquire("d", 0, &a), SlotOutcome::Held(_)));
+        assert_eq!(s.usage()[0].2, 0, "the permit above was dropped at once");
     }
 }

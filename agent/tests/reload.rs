@@ -10,10 +10,11 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-fn policy(per_minute: u32) -> String {
+/// A local rule of `per_hour` requests an hour: no token refills while a test runs.
+fn policy(per_hour: u32) -> String {
     format!(
-        "domain: reload\ndescriptors:\n  - key: client\n    rate_limit: {{unit: minute, \
-         requests_per_unit: {per_minute}, scope: local}}\n"
+        "domain: reload\ndescriptors:\n  - key: client\n    rate_limit: {{unit: hour, \
+         requests_per_unit: {per_hour}, scope: local}}\n"
     )
 }
 
@@ -127,13 +128,39 @@ impl Agent {
             .and_then(|v| v.parse().ok())
     }
 
-    fn hangup(&self) {
+    fn signal(&self, name: &str) {
         let ok = Command::new("kill")
-            .args(["-HUP", &self.child.id().to_string()])
+            .args([&format!("-{name}"), &self.child.id().to_string()])
             .status()
             .expect("run kill")
             .success();
-        assert!(ok, "kill -HUP");
+        assert!(ok, "kill -{name}");
+    }
+
+    /// Sends SIGHUP and waits until the agent has checked its files once more (its poll is off
+    /// in these tests unless said): proof that the signal was handled, not fatal.
+    fn hangup(&mut self) {
+        let checks = "allot_agent_policy_checks_total";
+        let before = self.metric(checks).expect("the checks counter");
+        self.signal("HUP");
+        self.wait_for_metric(checks, before + 1);
+    }
+
+    /// SIGTERM: the agent drains, releases and exits 0 (SIGHUP handling changed nothing there).
+    fn terminate(mut self) {
+        self.signal("TERM");
+        let t0 = Instant::now();
+        let status = loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                break status;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "no exit within 30 s of SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert!(status.success(), "exit after SIGTERM: {status}");
     }
 
     /// Waits until `/metrics` shows `series` at `v` (30 s at most).
@@ -173,15 +200,15 @@ fn sighup_reloads_a_changed_policy_and_refuses_an_invalid_one() {
     assert_eq!(status, 429);
     assert!(body.contains("-v1"), "{body}");
 
-    // SIGHUP with the files unchanged: the agent stays up at version 1.
+    // SIGHUP with the files unchanged: handled (the agent checked), still version 1.
     agent.hangup();
-    agent.wait_for_metric("allot_agent_policy_reload_ok", 1);
+    assert_eq!(agent.metric("allot_agent_policy_reload_ok"), Some(1));
     assert_eq!(agent.metric("allot_agent_policy_version"), Some(1));
 
-    // Raised to 5 a minute: the key's bucket carries over with 3 more tokens (design §10).
+    // Raised to 5 an hour: the key's bucket carries over with 3 more tokens (design §10).
     write_policy(dir.path(), &policy(5));
     agent.hangup();
-    agent.wait_for_metric("allot_agent_policy_version", 2);
+    assert_eq!(agent.metric("allot_agent_policy_version"), Some(2));
     assert_eq!(
         agent.metric("allot_agent_policy_reloads_total{result=\"applied\"}"),
         Some(1)
@@ -196,7 +223,7 @@ fn sighup_reloads_a_changed_policy_and_refuses_an_invalid_one() {
     // An invalid file: refused, counted, and version 2 keeps deciding.
     write_policy(dir.path(), "domain: reload\ndescriptors: [{key: client, rate_limit: {unit: fortnight, requests_per_unit: 1}}]\n");
     agent.hangup();
-    agent.wait_for_metric("allot_agent_policy_reload_ok", 0);
+    assert_eq!(agent.metric("allot_agent_policy_reload_ok"), Some(0));
     assert_eq!(
         agent.metric("allot_agent_policy_reloads_total{result=\"rejected\"}"),
         Some(1)
@@ -206,12 +233,14 @@ fn sighup_reloads_a_changed_policy_and_refuses_an_invalid_one() {
         assert_eq!(agent.check("b").0, 200);
     }
     assert_eq!(agent.check("b").0, 429, "version 2's limit of 5");
+    agent.terminate();
 }
 
 #[test]
 fn a_changed_file_is_picked_up_by_the_poll() {
     let dir = tempfile::tempdir().expect("tempdir");
     write_policy(dir.path(), &policy(1));
+    // Polled every 50 ms: a change is applied once two polls in a row read it.
     let mut agent = Agent::start(dir.path(), 50);
     assert_eq!(agent.check("a").0, 200);
     assert_eq!(agent.check("a").0, 429);
@@ -220,4 +249,5 @@ fn a_changed_file_is_picked_up_by_the_poll() {
     assert_eq!(agent.check("a").0, 200);
     assert_eq!(agent.check("a").0, 200);
     assert_eq!(agent.check("a").0, 429);
+    agent.terminate();
 }

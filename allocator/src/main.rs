@@ -4,7 +4,7 @@
 //! come from an optional YAML file (`--config`, see [`allot_allocator::daemon::config_file`]),
 //! overridden by flags. Logs go to stderr (`RUST_LOG` filters them). SIGINT or SIGTERM stop the
 //! node gracefully: Raft stops, the server drains, and sled is flushed. SIGHUP reads the
-//! `--policies` folder again and installs what changed.
+//! `--policies` folder again; the leader installs what changed.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -57,7 +57,7 @@ struct Cli {
     #[arg(long = "peer")]
     peers: Vec<Member>,
     /// Folder (or file) of policy YAML documents, installed (when changed) the first time this
-    /// node leads after it starts, and again after each SIGHUP (read anew).
+    /// node leads after it starts; read again on SIGHUP and installed at once by the leader.
     #[arg(long)]
     policies: Option<PathBuf>,
     /// Initialise a new cluster of the listed peers if this node's log is empty.
@@ -196,14 +196,18 @@ fn resolve(
     Ok((config, policy_dir))
 }
 
-/// SIGHUP: reads the policy folder again and has the daemon install what changed
-/// ([`Daemon::reinstall_policies`]); a folder that no longer loads is logged and changes nothing.
+/// SIGHUP: reads the policy folder again and has the daemon install what changed, now if this
+/// node leads ([`Daemon::reinstall_policies`]); a folder that no longer loads, or holds no
+/// policy file, is logged and changes nothing.
 fn reload_policies(daemon: &mut Daemon, dir: Option<&Path>) {
     let Some(dir) = dir else {
         tracing::info!("SIGHUP: no policy folder configured; nothing to reload");
         return;
     };
     match load_policy_files(dir) {
+        Ok(files) if files.is_empty() => {
+            tracing::error!(policies = %dir.display(), "SIGHUP: no policy file in the folder; nothing changed")
+        }
         Ok(files) => {
             tracing::info!(policies = %dir.display(), files = files.len(), "SIGHUP: policies re-read");
             daemon.reinstall_policies(files);
@@ -268,11 +272,11 @@ async fn run() -> Result<()> {
         "starting"
     );
     let advertise = config.node.advertise_addr.clone();
-    let mut daemon = Daemon::start(config, Arc::new(SystemNodeClock), listener).await?;
-    // Installed before the ready file: from then on SIGHUP re-reads the policy folder (its
-    // default action would end the process).
+    // Installed before the node starts (and so before the ready file): from then on SIGHUP
+    // re-reads the policy folder instead of ending the process, its default action.
     let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
         .context("cannot watch SIGHUP")?;
+    let mut daemon = Daemon::start(config, Arc::new(SystemNodeClock), listener).await?;
     if let Some(path) = &ready_file {
         // Written only now: the server accepts connections and the address is final.
         write_ready_file(path, &format!("grpc {advertise}\n"))

@@ -24,8 +24,8 @@ fn write_policy(dir: &Path, text: &str) {
     std::fs::rename(&tmp, dir.join("policies").join("reload.yaml")).expect("rename");
 }
 
-/// The node process; killed when dropped.
-struct Node(Child);
+/// The node process (its log in `log`); killed when dropped.
+struct Node(Child, std::path::PathBuf);
 
 impl Drop for Node {
     fn drop(&mut self) {
@@ -41,13 +41,55 @@ impl Node {
         }
     }
 
-    fn hangup(&self) {
+    fn signal(&self, name: &str) {
         let ok = Command::new("kill")
-            .args(["-HUP", &self.0.id().to_string()])
+            .args([&format!("-{name}"), &self.0.id().to_string()])
             .status()
             .expect("run kill")
             .success();
-        assert!(ok, "kill -HUP");
+        assert!(ok, "kill -{name}");
+    }
+
+    /// Lines of the node's log containing `text`.
+    fn logged(&self, text: &str) -> usize {
+        std::fs::read_to_string(&self.1)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains(text))
+            .count()
+    }
+
+    /// Sends SIGHUP and waits (30 s at most) until the node logs that it handled it with
+    /// `outcome`: proof that the signal was taken, not fatal.
+    async fn hangup(&mut self, outcome: &str) {
+        let before = self.logged(outcome);
+        self.signal("HUP");
+        let t0 = Instant::now();
+        while self.logged(outcome) == before {
+            self.alive();
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "no {outcome:?} logged after SIGHUP"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// SIGTERM: the node stops gracefully and exits 0.
+    async fn terminate(mut self) {
+        self.signal("TERM");
+        let t0 = Instant::now();
+        loop {
+            if let Some(status) = self.0.try_wait().expect("try_wait") {
+                assert!(status.success(), "exit after SIGTERM: {status}");
+                return;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "no exit within 30 s of SIGTERM"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 }
 
@@ -98,6 +140,7 @@ async fn sighup_installs_a_changed_policy_file_and_ignores_an_invalid_one() {
     std::fs::create_dir(dir.path().join("policies")).expect("mkdir");
     write_policy(dir.path(), &policy(10));
     let ready = dir.path().join("ready");
+    let log = dir.path().join("node.log");
     let mut node = Node(
         Command::new(env!("CARGO_BIN_EXE_allot-allocator"))
             .args(["--node-id", "1", "--listen", "127.0.0.1:0", "--init"])
@@ -107,11 +150,13 @@ async fn sighup_installs_a_changed_policy_file_and_ignores_an_invalid_one() {
             .arg(&ready)
             .arg("--data-dir")
             .arg(dir.path().join("data"))
+            .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("log file"))
             .spawn()
             .expect("spawn allot-allocator"),
+        log,
     );
     let t0 = Instant::now();
     let addr = loop {
@@ -131,14 +176,12 @@ async fn sighup_installs_a_changed_policy_file_and_ignores_an_invalid_one() {
         .expect("connect");
     wait_for_version(&mut node, &mut c, 1).await;
 
-    // Unchanged folder: nothing proposed, the node stays up.
-    node.hangup();
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    node.alive();
+    // Unchanged folder: handled, nothing proposed.
+    node.hangup("SIGHUP: policies re-read").await;
     assert_eq!(version(&mut c).await, 1);
 
     write_policy(dir.path(), &policy(20));
-    node.hangup();
+    node.hangup("SIGHUP: policies re-read").await;
     wait_for_version(&mut node, &mut c, 2).await;
 
     // A folder that no longer loads: logged, nothing changes, the node serves on.
@@ -146,8 +189,7 @@ async fn sighup_installs_a_changed_policy_file_and_ignores_an_invalid_one() {
         dir.path(),
         "domain: reload\ndescriptors: [{key: tenant}]\nnonsense: 1\n",
     );
-    node.hangup();
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    node.alive();
+    node.hangup("SIGHUP: policies not reloaded").await;
     assert_eq!(version(&mut c).await, 2);
+    node.terminate().await;
 }

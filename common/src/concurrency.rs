@@ -31,7 +31,8 @@ pub enum ConcurrencyError {
 /// At most `max` slots in flight. Lock-free: one compare-and-swap per acquire.
 #[derive(Debug)]
 pub struct ConcurrencyLimiter {
-    max: u64,
+    /// The cap; a config change may move it while slots are held ([`set_max`](Self::set_max)).
+    max: AtomicU64,
     in_flight: AtomicU64,
 }
 
@@ -47,9 +48,16 @@ impl ConcurrencyLimiter {
     /// A limiter with `max` slots.
     pub fn new(max: u64) -> Arc<Self> {
         Arc::new(ConcurrencyLimiter {
-            max,
+            max: AtomicU64::new(max),
             in_flight: AtomicU64::new(0),
         })
+    }
+
+    /// Moves the cap to `max` (a config change, design §10 "Config versions"): slots held now
+    /// stay held and counted, so a lowered cap admits nothing until the slots in use fall
+    /// below it, and a raised one admits only the difference.
+    pub fn set_max(&self, max: u64) {
+        self.max.store(max, Ordering::Release);
     }
 
     /// Slots in use now.
@@ -59,7 +67,7 @@ impl ConcurrencyLimiter {
 
     /// The cap.
     pub fn max(&self) -> u64 {
-        self.max
+        self.max.load(Ordering::Acquire)
     }
 
     /// Takes `slots` slots if they are free, without waiting.
@@ -68,19 +76,18 @@ impl ConcurrencyLimiter {
     /// [`ConcurrencyError::Full`] when fewer are free; [`ConcurrencyError::ExceedsCapacity`]
     /// when `slots` exceeds the cap. Nothing is taken on error.
     pub fn try_acquire(self: &Arc<Self>, slots: u64) -> Result<Permit, ConcurrencyError> {
-        if slots > self.max {
-            return Err(ConcurrencyError::ExceedsCapacity {
-                wanted: slots,
-                max: self.max,
-            });
+        let max = self.max();
+        if slots > max {
+            return Err(ConcurrencyError::ExceedsCapacity { wanted: slots, max });
         }
         let mut cur = self.in_flight.load(Ordering::Relaxed);
         loop {
-            // `slots ≤ max` and `cur ≤ max`, so this cannot overflow (`cur + slots` could).
-            if slots > self.max - cur {
+            // `slots ≤ max`, so `cur + slots` stays below `cur + max`; `cur` may exceed a cap
+            // lowered while its slots were held (then nothing is free).
+            if slots > max.saturating_sub(cur) {
                 return Err(ConcurrencyError::Full {
                     in_flight: cur,
-                    max: self.max,
+                    max,
                     wanted: slots,
                 });
             }

@@ -189,6 +189,11 @@ impl LeaseManager {
             measure(&kl.value, elapsed, ms(kl.value.sizing.ttl_ms().max(1)));
             self.settle_key(&kl, now);
         }
+        for table in self.book.retired_tables() {
+            for kl in table.snapshot() {
+                self.release_key(&kl, now);
+            }
+        }
         for table in tables {
             let idle = ms(self.book.settings().idle_evict_ms);
             table.retain(|k| {
@@ -197,6 +202,20 @@ impl LeaseManager {
                     && !v.protocol.call_in_flight()
                     && now.saturating_sub(v.last_used.load(Ordering::Relaxed)) > idle)
             });
+        }
+    }
+
+    /// Queues the Release of every allocation of a key whose rule is no longer leased (see
+    /// [`LeaseBook::retired_tables`]); an allocation the allocator must have expired by now
+    /// (never released: it was unreachable) is dropped, as in [`settle_key`](Self::settle_key).
+    fn release_key(&self, kl: &Arc<Keyed<KeyLease>>, now: Nanos) {
+        let dead_after = ms(self.book.settings().drift_margin_ms).saturating_mul(4);
+        for a in kl.value.allocations().iter() {
+            if now >= a.deadline.saturating_add(dead_after) {
+                kl.value.protocol.remove(a.id);
+            } else {
+                self.enqueue_allocation(Pending::Release(kl.clone(), a.clone()));
+            }
         }
     }
 
@@ -382,7 +401,13 @@ impl LeaseManager {
     pub async fn release_all(&self) {
         close_all(&self.book);
         self.queue.lock().clear();
-        for table in self.book.tables() {
+        let tables: Vec<_> = self
+            .book
+            .tables()
+            .into_iter()
+            .chain(self.book.retired_tables())
+            .collect();
+        for table in &tables {
             for kl in table.snapshot() {
                 for a in kl.value.allocations().iter() {
                     self.enqueue_allocation(Pending::Release(kl.clone(), a.clone()));
@@ -392,7 +417,7 @@ impl LeaseManager {
         while !self.queue.lock().is_empty() {
             self.send_once().await;
         }
-        for table in self.book.tables() {
+        for table in tables {
             for kl in table.snapshot() {
                 let w = kl.value.protocol.lock_writes();
                 kl.value.protocol.replace(&w, Vec::new());

@@ -592,3 +592,57 @@ async fn gateways_through_an_outage_admit_at_most_their_granted_reserves() {
         "every admission, emergency ones included, is charged"
     );
 }
+
+/// A config change that stops leasing a rule (here it turns `scope: local`; a removed rule or
+/// another key path is the same) releases what the rule's keys hold, with their final spend,
+/// at the next maintenance pass: the allocator gets the unspent tokens back now instead of at
+/// expiry, and the spend since the last Report is not lost. Decisions then follow the new rule.
+/// The allocation is closed by its Release, so no decision still running on the previous
+/// config can spend from it afterwards.
+#[tokio::test]
+async fn a_rule_no_longer_leased_releases_its_allocations() {
+    let fake = FakeAllocator::new(1_000, 60_000);
+    let (addr, _allocator) = fake.serve().await;
+    let (rig, stop, background) = running(addr, |s| s.report_interval_ms = 20);
+    for _ in 0..3 {
+        assert_eq!(check(&rig, "tenant", "x", 1).await, CoreCode::Ok);
+    }
+    let e = entries(&[("tenant", "x")]);
+    let kl = rig
+        .decider
+        .enforcer()
+        .book()
+        .existing("api", 0, &e)
+        .unwrap();
+    let a = kl.value.allocations()[0].clone();
+    assert_eq!(a.spent(), 3 * T);
+
+    let local = LEASED.replace(
+        "burst: 100, lease: {ttl_ms: 60000, max_grant: 20}, name: tenant-rps}",
+        "burst: 100, scope: local, name: tenant-rps}",
+    );
+    assert_ne!(local, LEASED);
+    rig.decider
+        .apply(ConfigSet::from_yaml(&local, Path::new("p2.yaml")).unwrap());
+    assert!(
+        eventually(10, || fake.releases.load(Ordering::Relaxed) == 1).await,
+        "the allocation is released"
+    );
+    assert_eq!(fake.released_spend.load(Ordering::Relaxed), 3 * T);
+    assert!(a.is_closed(), "closed by its Release");
+    assert!(
+        eventually(10, || kl.value.allocations().is_empty()).await,
+        "and forgotten once the allocator answered"
+    );
+    // The key now decides locally (a full local bucket of 100), asking the allocator nothing.
+    let acquires = fake.acquires.load(Ordering::Relaxed);
+    assert_eq!(check(&rig, "tenant", "x", 1).await, CoreCode::Ok);
+    assert_eq!(fake.acquires.load(Ordering::Relaxed), acquires);
+
+    let _ = stop.send(true);
+    tokio::time::timeout(std::time::Duration::from_secs(10), background)
+        .await
+        .expect("background tasks stop")
+        .unwrap();
+    assert_eq!(fake.releases.load(Ordering::Relaxed), 1, "released once");
+}

@@ -71,7 +71,10 @@ pub struct Daemon {
     node: Arc<Node<Ledger>>,
     commit: Option<GroupCommit<Ledger>>,
     tasks: Vec<JoinHandle<()>>,
+    /// The start-up policy installer (see [`policy_files::spawn_installer`]).
     installer: JoinHandle<()>,
+    /// The install of the last SIGHUP, if any ([`Daemon::reinstall_policies`]).
+    install_now: Option<JoinHandle<()>>,
 }
 
 impl Daemon {
@@ -193,6 +196,7 @@ impl Daemon {
             commit,
             tasks,
             installer,
+            install_now: None,
         })
     }
 
@@ -202,13 +206,20 @@ impl Daemon {
     }
 
     /// Makes `files` the policy folder's desired state again (the operator's SIGHUP after
-    /// editing it): an installer still waiting with older files stops, and a new one installs
-    /// every document of `files` not in force, now if this node leads, else the next time it
-    /// does ([`policy_files::spawn_installer`]). A version put since with `allotctl policy put`
-    /// is replaced only where the file differs from it.
+    /// editing it). While the start-up installer still waits for this node to lead, it waits on
+    /// with `files` instead of the folder as it was at start; after that, `files` are installed
+    /// now if this node leads and ignored (logged) if it does not
+    /// ([`policy_files::spawn_install_now`]). Documents deleted from the folder stay in force.
     pub fn reinstall_policies(&mut self, files: Vec<PolicyFile>) {
-        self.installer.abort();
-        self.installer = policy_files::spawn_installer(self.node.clone(), files);
+        if !self.installer.is_finished() {
+            self.installer.abort();
+            self.installer = policy_files::spawn_installer(self.node.clone(), files);
+            return;
+        }
+        if let Some(previous) = self.install_now.take() {
+            previous.abort();
+        }
+        self.install_now = Some(policy_files::spawn_install_now(self.node.clone(), files));
     }
 
     /// The group commit of the API's writes (`None` when every write is its own entry).
@@ -223,6 +234,10 @@ impl Daemon {
     pub async fn shutdown(self) -> Result<(), NodeError> {
         self.installer.abort();
         let _ = self.installer.await;
+        if let Some(t) = self.install_now {
+            t.abort();
+            let _ = t.await;
+        }
         for task in &self.tasks {
             task.abort();
         }

@@ -111,6 +111,35 @@ pub fn spawn_installer(node: Arc<Node<Ledger>>, files: Vec<PolicyFile>) -> JoinH
     })
 }
 
+/// Spawns an install of `files` now, if this node leads (an operator's SIGHUP after editing the
+/// folder): every document not in force is proposed on top of the current version, transient
+/// failures retried while this node leads (for [`NOW_ATTEMPTS`] × [`RETRY`] at most). A
+/// follower installs nothing and says so: SIGHUP to the leader installs, and a follower
+/// that already led keeps no old files to install at some later failover, over a version put
+/// since with `allotctl policy put`.
+pub fn spawn_install_now(node: Arc<Node<Ledger>>, files: Vec<PolicyFile>) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        for _ in 0..NOW_ATTEMPTS {
+            let leader = node.raft().metrics().borrow().current_leader;
+            if leader != Some(node.id()) {
+                tracing::info!(
+                    ?leader,
+                    "policies not installed: this node does not lead (SIGHUP the leader)"
+                );
+                return;
+            }
+            if install_all(&node, &files).await {
+                return;
+            }
+            tokio::time::sleep(RETRY).await;
+        }
+        tracing::warn!("policy install gave up: no quorum to commit it");
+    })
+}
+
+/// Attempts of [`spawn_install_now`] (10 s at [`RETRY`] apart).
+const NOW_ATTEMPTS: u32 = 50;
+
 /// Installs every file not yet in force; `false` when it should be retried (when this node
 /// leads again).
 async fn install_all(node: &Node<Ledger>, files: &[PolicyFile]) -> bool {

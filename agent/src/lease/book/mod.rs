@@ -55,6 +55,10 @@ pub struct LeaseBook {
     /// Per domain, per rule index: the rule's key table (`None` for rules that are not leased).
     tables: ArcSwap<LeaseTables>,
     by_rule: Mutex<HashMap<String, Arc<ShardedTable<KeyLease>>>>,
+    /// Tables of rules a newer config no longer leases (removed, `scope: local`, another key
+    /// path): their keys' allocations are closed and released by the lease manager, then the
+    /// tables are dropped ([`retired_tables`](Self::retired_tables)).
+    retired: Mutex<Vec<Arc<ShardedTable<KeyLease>>>>,
     events: mpsc::UnboundedSender<LeaseEvent>,
     reachable: AtomicBool,
     /// Central decisions are off: the settings lease every key, or the allocator does not
@@ -89,6 +93,7 @@ impl LeaseBook {
         LeaseBook {
             tables: ArcSwap::from_pointee(LeaseTables::default()),
             by_rule: Mutex::new(HashMap::new()),
+            retired: Mutex::new(Vec::new()),
             events,
             reachable: AtomicBool::new(true),
             central_off: AtomicBool::new(settings.thresholds().always_leased()),
@@ -112,7 +117,10 @@ impl LeaseBook {
     }
 
     /// Rebuilds the per-rule tables for a new config snapshot and returns them; keys of rules
-    /// whose id is unchanged keep their allocations.
+    /// whose id is unchanged keep their allocations. The tables of rules the snapshot no longer
+    /// leases are retired: nothing decides from them once the snapshot is current, and the
+    /// lease manager releases what their keys hold ([`retired_tables`](Self::retired_tables)),
+    /// so their unspent tokens go back to the allocator instead of waiting for expiry.
     pub fn apply(&self, snap: &Snapshot) -> Arc<LeaseTables> {
         let mut by_rule = self.by_rule.lock();
         let mut next_by_rule = HashMap::new();
@@ -136,6 +144,11 @@ impl LeaseBook {
                 .collect();
             tables.insert(&d.config.domain, v);
         }
+        let gone = by_rule
+            .iter()
+            .filter(|(id, _)| !next_by_rule.contains_key(*id))
+            .map(|(_, t)| t.clone());
+        self.retired.lock().extend(gone);
         *by_rule = next_by_rule;
         let tables = Arc::new(LeaseTables(tables));
         self.tables.store(tables.clone());
@@ -145,6 +158,18 @@ impl LeaseBook {
     /// Every leased key table.
     pub fn tables(&self) -> Vec<Arc<ShardedTable<KeyLease>>> {
         self.by_rule.lock().values().cloned().collect()
+    }
+
+    /// Tables of rules no longer leased whose keys still hold allocations or wait for a call
+    /// (a decision still running on the previous snapshot can start one); tables left with
+    /// neither are dropped here.
+    pub fn retired_tables(&self) -> Vec<Arc<ShardedTable<KeyLease>>> {
+        let mut retired = self.retired.lock();
+        retired.retain(|t| {
+            t.retain(|k| !k.value.allocations().is_empty() || k.value.protocol.call_in_flight());
+            !t.is_empty()
+        });
+        retired.clone()
     }
 
     /// Whether the last allocator call succeeded.
