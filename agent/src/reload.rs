@@ -88,11 +88,14 @@ pub struct PolicyFiles {
     state: Mutex<Seen>,
 }
 
-/// The contents deciding now, changed contents seen once by a poll, and the last refusal.
+/// What one read of the policy files gave: the documents, or why they could not be read.
+type Read = Result<Vec<PolicyDocument>, ConfigError>;
+
+/// The contents deciding now, a changed read seen once by a poll, and the last refused read.
 struct Seen {
     current: Vec<PolicyDocument>,
-    changing: Option<Vec<PolicyDocument>>,
-    refused: Option<ReloadError>,
+    changing: Option<Read>,
+    refused: Option<(Read, ReloadError)>,
 }
 
 impl std::fmt::Debug for PolicyFiles {
@@ -133,46 +136,70 @@ impl PolicyFiles {
     /// call it off the async workers.
     pub fn check(&self, asked: bool) -> Reload {
         let mut seen = self.state.lock();
-        let outcome = match read_policy_documents(&self.path) {
-            Err(e) => Err(ReloadError::from(e)),
-            Ok(docs) if docs == seen.current => Ok(Reload::Unchanged),
-            Ok(docs) if !asked && seen.changing.as_ref() != Some(&docs) => {
-                seen.changing = Some(docs);
-                Ok(Reload::Changing)
+        let read: Read = read_policy_documents(&self.path);
+        let outcome = if read.as_ref().is_ok_and(|docs| *docs == seen.current) {
+            seen.refused = None;
+            Reload::Unchanged
+        } else if let Some((_, error)) = seen.refused.as_ref().filter(|(r, _)| *r == read) {
+            // The same bytes (or the same read error) as the last refusal: refused again,
+            // without validating, logging or counting them again.
+            Reload::Rejected {
+                error: error.clone(),
+                repeated: true,
             }
-            Ok(docs) => self.apply(&docs).map(|version| {
-                seen.current = docs;
-                Reload::Applied { version }
-            }),
-        };
-        if !matches!(outcome, Ok(Reload::Changing)) {
-            seen.changing = None;
-        }
-        let outcome = match outcome {
-            Ok(o) => o,
-            Err(error) => {
-                let repeated = seen.refused.as_ref() == Some(&error);
-                Reload::Rejected { error, repeated }
+        } else if !asked && seen.changing.as_ref() != Some(&read) {
+            seen.changing = Some(read);
+            return self.counted(Reload::Changing);
+        } else {
+            match &read {
+                Ok(docs) => match self.apply(docs) {
+                    Ok(version) => {
+                        seen.current = docs.clone();
+                        seen.refused = None;
+                        Reload::Applied { version }
+                    }
+                    Err(error) => {
+                        seen.refused = Some((read.clone(), error.clone()));
+                        Reload::Rejected {
+                            error,
+                            repeated: false,
+                        }
+                    }
+                },
+                Err(e) => {
+                    let error = ReloadError::from(e.clone());
+                    seen.refused = Some((read.clone(), error.clone()));
+                    Reload::Rejected {
+                        error,
+                        repeated: false,
+                    }
+                }
             }
         };
-        seen.refused = match &outcome {
-            Reload::Rejected { error, .. } => Some(error.clone()),
-            Reload::Changing => seen.refused.take(),
-            _ => None,
-        };
-        self.count(&outcome);
-        outcome
+        seen.changing = None;
+        self.counted(outcome)
     }
 
-    /// Validates `docs` whole and makes them the deciding version; returns its number.
-    fn apply(&self, docs: &[PolicyDocument]) -> Result<u64, ReloadError> {
+    /// Validates `docs` whole (as at start) into a config set.
+    fn validate(&self, docs: &[PolicyDocument]) -> Result<ConfigSet, ReloadError> {
         let set = ConfigSet::from_documents(docs)?;
         if !self.leasing {
             if let Some(rule) = first_leased(&set) {
                 return Err(ReloadError::LeasedWithoutAllocator { rule });
             }
         }
-        Ok(self.decider.apply(set))
+        Ok(set)
+    }
+
+    /// Validates `docs` whole and makes them the deciding version; returns its number.
+    fn apply(&self, docs: &[PolicyDocument]) -> Result<u64, ReloadError> {
+        Ok(self.decider.apply(self.validate(docs)?))
+    }
+
+    /// Counts `outcome` in the metrics and returns it.
+    fn counted(&self, outcome: Reload) -> Reload {
+        self.count(&outcome);
+        outcome
     }
 
     fn count(&self, outcome: &Reload) {
@@ -236,7 +263,7 @@ impl PolicyFiles {
                 tracing::info!(policies = %path, "policies unchanged")
             }
             Reload::Changing => {
-                tracing::info!(policies = %path, "policy files changed; applied when the next poll reads them unchanged")
+                tracing::info!(policies = %path, "policy files changed; read again at the next poll before anything is applied")
             }
             _ => {}
         }
@@ -442,5 +469,37 @@ mod tests {
             r.decider.metrics().reloads.checks.load(Ordering::Relaxed),
             7
         );
+    }
+
+    #[test]
+    fn polls_report_a_lasting_refusal_once_and_ride_out_a_passing_read_error() {
+        let r = Rig::new(2);
+        r.write("api.yaml", "domain: api\ndescriptors: [{key: client, rate_limit: {unit: fortnight, requests_per_unit: 1}}]\n");
+        assert_eq!(r.files.check(false), Reload::Changing);
+        assert!(matches!(
+            r.files.check(false),
+            Reload::Rejected {
+                repeated: false,
+                ..
+            }
+        ));
+        for _ in 0..3 {
+            assert!(matches!(
+                r.files.check(false),
+                Reload::Rejected { repeated: true, .. }
+            ));
+        }
+        assert_eq!(r.counters(), (0, 1, 0, 1));
+        // Put right: applied after two polls.
+        r.write("api.yaml", &policy(4));
+        assert_eq!(r.files.check(false), Reload::Changing);
+        assert_eq!(r.files.check(false), Reload::Applied { version: 2 });
+        // A folder caught between a removal and a re-creation: one poll sees it empty, the
+        // next sees the file back; nothing is refused or applied.
+        std::fs::remove_file(r.dir.path().join("api.yaml")).expect("rm");
+        assert_eq!(r.files.check(false), Reload::Changing);
+        r.write("api.yaml", &policy(4));
+        assert_eq!(r.files.check(false), Reload::Unchanged);
+        assert_eq!(r.counters(), (1, 1, 1, 2));
     }
 }

@@ -20,6 +20,8 @@ use std::sync::Arc;
 pub struct RuleSlots {
     /// The rule's `max_in_flight`.
     pub max: u64,
+    /// Version of the config snapshot these slots were built for.
+    pub generation: u64,
     /// Most distinct keys held at once (the rule's `max_keys`).
     pub max_keys: u64,
     /// Rule name, for status pages.
@@ -53,16 +55,15 @@ impl SlotTables {
         // limiter is still the table's after taking the slot, and retry when it is not. A
         // limiter holding a slot is never evicted, so this settles at once.
         for _ in 0..4 {
-            let Some(k) = rs
-                .table
-                .get_or_insert_capped(entries, h, rs.max_keys, || ConcurrencyLimiter::new(rs.max))
-            else {
+            let Some(k) = rs.table.get_or_insert_capped(entries, h, rs.max_keys, || {
+                ConcurrencyLimiter::at_generation(rs.max, rs.generation)
+            }) else {
                 return SlotOutcome::Full { max: rs.max };
             };
-            // A limiter made by a decision on the previous config, during a change of cap,
-            // takes this config's cap at its next use.
-            if k.value.max() != rs.max {
-                k.value.set_max(rs.max);
+            // A limiter made by a decision on the previous config during a change of cap takes
+            // the newer cap at its next use under the newer config (never the other way).
+            if k.value.generation() < rs.generation {
+                k.value.set_max(rs.max, rs.generation);
             }
             let permit = match k.value.try_acquire(1) {
                 Ok(p) => p,
@@ -136,9 +137,10 @@ impl Slots {
                         }
                         old => {
                             let table = old.map_or_else(Arc::default, |o| o.table.clone());
-                            table.for_each(|k| k.value.set_max(max));
+                            table.for_each(|k| k.value.set_max(max, snap.version));
                             Arc::new(RuleSlots {
                                 max,
+                                generation: snap.version,
                                 max_keys: r.max_keys,
                                 rule_name: r.name.clone(),
                                 table,
@@ -195,11 +197,15 @@ mod tests {
     use allot_common::limiter::Limiter;
     use std::path::Path;
 
-    fn limiter(cap: u64) -> Limiter {
+    fn config(cap: u64) -> ConfigSet {
         let yaml = format!(
             "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {{unit: second, requests_per_unit: 9, scope: local, max_in_flight: {cap}}}\n  - key: free\n    rate_limit: {{unit: second, requests_per_unit: 9, scope: local}}\n"
         );
-        Limiter::new(ConfigSet::from_yaml(&yaml, Path::new("p")).unwrap(), 0)
+        ConfigSet::from_yaml(&yaml, Path::new("p")).unwrap()
+    }
+
+    fn limiter(cap: u64) -> Limiter {
+        Limiter::new(config(cap), 0)
     }
 
     #[test]
@@ -252,7 +258,13 @@ mod tests {
     #[test]
     fn slots_held_across_a_change_of_cap_count_against_the_new_cap() {
         let s = Slots::default();
-        let t = s.apply(&limiter(3).snapshot());
+        let l = limiter(3);
+        let t = s.apply(&l.snapshot());
+        // Later versions of the same limiter's config, with the cap at `cap`.
+        let cap = |cap: u64| {
+            l.apply(config(cap), 0);
+            l.snapshot()
+        };
         let a = [Entry {
             key: "k",
             value: "a",
@@ -260,7 +272,7 @@ mod tests {
         let held: Vec<_> = (0..2).map(|_| t.acquire("d", 0, &a)).collect();
         assert!(held.iter().all(|p| matches!(p, SlotOutcome::Held(_))));
         // Raised to 5: the two held still count, so three more and no more.
-        let t = s.apply(&limiter(5).snapshot());
+        let t = s.apply(&cap(5));
         let more: Vec<_> = (0..3).map(|_| t.acquire("d", 0, &a)).collect();
         assert!(more.iter().all(|p| matches!(p, SlotOutcome::Held(_))));
         assert!(matches!(
@@ -268,7 +280,7 @@ mod tests {
             SlotOutcome::Full { max: 5 }
         ));
         // Lowered to 1 with five held: nothing until they fall below 1.
-        let t = s.apply(&limiter(1).snapshot());
+        let t = s.apply(&cap(1));
         drop(more);
         assert!(matches!(
             t.acquire("d", 0, &a),

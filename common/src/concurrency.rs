@@ -34,6 +34,10 @@ pub struct ConcurrencyLimiter {
     /// The cap; a config change may move it while slots are held ([`set_max`](Self::set_max)).
     max: AtomicU64,
     in_flight: AtomicU64,
+    /// Config generation the cap is from; it only moves forward ([`set_max`](Self::set_max)).
+    generation: AtomicU64,
+    /// Serializes cap changes, so the cap and its generation move together.
+    changing: parking_lot::Mutex<()>,
 }
 
 /// Held slots; dropping it releases them.
@@ -47,17 +51,34 @@ pub struct Permit {
 impl ConcurrencyLimiter {
     /// A limiter with `max` slots.
     pub fn new(max: u64) -> Arc<Self> {
+        Self::at_generation(max, 0)
+    }
+
+    /// A limiter with `max` slots from config generation `generation`.
+    pub fn at_generation(max: u64, generation: u64) -> Arc<Self> {
         Arc::new(ConcurrencyLimiter {
             max: AtomicU64::new(max),
             in_flight: AtomicU64::new(0),
+            generation: AtomicU64::new(generation),
+            changing: parking_lot::Mutex::new(()),
         })
     }
 
-    /// Moves the cap to `max` (a config change, design §10 "Config versions"): slots held now
-    /// stay held and counted, so a lowered cap admits nothing until the slots in use fall
-    /// below it, and a raised one admits only the difference.
-    pub fn set_max(&self, max: u64) {
-        self.max.store(max, Ordering::Release);
+    /// The config generation of the cap.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// Moves the cap to `max` if `generation` is newer than the cap's (a config change, design
+    /// §10 "Config versions"; a decision still on an older config never moves it back): slots
+    /// held now stay held and counted, so a lowered cap admits nothing until the slots in use
+    /// fall below it, and a raised one admits only the difference.
+    pub fn set_max(&self, max: u64, generation: u64) {
+        let _one_at_a_time = self.changing.lock();
+        if generation > self.generation.load(Ordering::Acquire) {
+            self.max.store(max, Ordering::Release);
+            self.generation.store(generation, Ordering::Release);
+        }
     }
 
     /// Slots in use now.

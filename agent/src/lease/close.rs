@@ -9,7 +9,7 @@ use super::book::LeaseBook;
 /// exhausted allocation.
 pub fn close_all(book: &LeaseBook) -> usize {
     let mut closed = 0;
-    for table in book.tables().into_iter().chain(book.retired_tables()) {
+    for table in book.all_tables() {
         table.for_each(|k| {
             for a in k.value.allocations().iter() {
                 if !a.is_closed() {

@@ -189,10 +189,15 @@ impl LeaseManager {
             measure(&kl.value, elapsed, ms(kl.value.sizing.ttl_ms().max(1)));
             self.settle_key(&kl, now);
         }
-        for table in self.book.retired_tables() {
-            for kl in table.snapshot() {
-                self.release_key(&kl, now);
-            }
+        let mut retired: Vec<_> = self
+            .book
+            .retired_tables()
+            .iter()
+            .flat_map(|t| t.snapshot())
+            .collect();
+        retired.sort_by(|a, b| (&a.value.domain, a.key()).cmp(&(&b.value.domain, b.key())));
+        for kl in retired {
+            self.release_key(&kl, now);
         }
         for table in tables {
             let idle = ms(self.book.settings().idle_evict_ms);
@@ -401,12 +406,7 @@ impl LeaseManager {
     pub async fn release_all(&self) {
         close_all(&self.book);
         self.queue.lock().clear();
-        let tables: Vec<_> = self
-            .book
-            .tables()
-            .into_iter()
-            .chain(self.book.retired_tables())
-            .collect();
+        let tables = self.book.all_tables();
         for table in &tables {
             for kl in table.snapshot() {
                 for a in kl.value.allocations().iter() {

@@ -212,6 +212,10 @@ impl Daemon {
     /// ([`policy_files::spawn_install_now`]). Documents deleted from the folder stay in force.
     pub fn reinstall_policies(&mut self, files: Vec<PolicyFile>) {
         if !self.installer.is_finished() {
+            tracing::info!(
+                "this node has not led since it started: the folder as read now is installed \
+                 when it first leads"
+            );
             self.installer.abort();
             self.installer = policy_files::spawn_installer(self.node.clone(), files);
             return;

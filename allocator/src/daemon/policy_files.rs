@@ -119,13 +119,21 @@ pub fn spawn_installer(node: Arc<Node<Ledger>>, files: Vec<PolicyFile>) -> JoinH
 /// since with `allotctl policy put`.
 pub fn spawn_install_now(node: Arc<Node<Ledger>>, files: Vec<PolicyFile>) -> JoinHandle<()> {
     tokio::spawn(async move {
-        for _ in 0..NOW_ATTEMPTS {
+        for attempt in 0..NOW_ATTEMPTS {
             let leader = node.raft().metrics().borrow().current_leader;
             if leader != Some(node.id()) {
-                tracing::info!(
-                    ?leader,
-                    "policies not installed: this node does not lead (SIGHUP the leader)"
-                );
+                if attempt == 0 {
+                    tracing::info!(
+                        ?leader,
+                        "policies not installed: this node does not lead (SIGHUP the leader)"
+                    );
+                } else {
+                    tracing::warn!(
+                        ?leader,
+                        "leadership moved during the policy install: the folder may be partly \
+                         installed; SIGHUP the new leader"
+                    );
+                }
                 return;
             }
             if install_all(&node, &files).await {

@@ -246,3 +246,28 @@ fn concurrency_limiter_never_exceeds_its_cap_and_never_overflows() {
     });
     assert_eq!(l.in_flight(), 0);
 }
+
+/// A cap moves only forward in config generations: a decision still on an older config cannot
+/// set it back; slots held across a change stay counted, above a lowered cap too.
+#[test]
+fn a_cap_moves_only_to_newer_generations_and_keeps_held_slots() {
+    use allot_common::concurrency::{ConcurrencyError, ConcurrencyLimiter};
+    let l = ConcurrencyLimiter::at_generation(3, 1);
+    let held: Vec<_> = (0..3).map(|_| l.try_acquire(1).expect("free")).collect();
+    l.set_max(1, 2);
+    assert_eq!((l.max(), l.generation()), (1, 2));
+    l.set_max(3, 1);
+    assert_eq!(l.max(), 1, "an older generation does not move the cap back");
+    assert!(matches!(
+        l.try_acquire(1),
+        Err(ConcurrencyError::Full {
+            in_flight: 3,
+            max: 1,
+            wanted: 1
+        })
+    ));
+    drop(held);
+    assert_eq!(l.in_flight(), 0);
+    let _p = l.try_acquire(1).expect("below the new cap");
+    assert!(l.try_acquire(1).is_err());
+}

@@ -160,16 +160,30 @@ impl LeaseBook {
         self.by_rule.lock().values().cloned().collect()
     }
 
-    /// Tables of rules no longer leased whose keys still hold allocations or wait for a call
-    /// (a decision still running on the previous snapshot can start one); tables left with
-    /// neither are dropped here.
+    /// Tables of rules no longer leased that may still hold something, after dropping the
+    /// keys and tables that cannot: a table an older config's tables still refer to is kept
+    /// whole (a decision on that config can still create a key in it and start a call); once
+    /// none does, a key is dropped when no call is in flight and it holds no allocation (in that
+    /// order: an answer installs its allocation before it ends the call), and an empty table
+    /// with it.
     pub fn retired_tables(&self) -> Vec<Arc<ShardedTable<KeyLease>>> {
         let mut retired = self.retired.lock();
         retired.retain(|t| {
-            t.retain(|k| !k.value.allocations().is_empty() || k.value.protocol.call_in_flight());
+            if Arc::strong_count(t) > 1 {
+                return true;
+            }
+            t.retain(|k| k.value.protocol.call_in_flight() || !k.value.allocations().is_empty());
             !t.is_empty()
         });
         retired.clone()
+    }
+
+    /// Every table that may hold an allocation: the current rules' and the retired ones
+    /// ([`retired_tables`](Self::retired_tables)), without dropping anything.
+    pub fn all_tables(&self) -> Vec<Arc<ShardedTable<KeyLease>>> {
+        let mut all = self.tables();
+        all.extend(self.retired.lock().iter().cloned());
+        all
     }
 
     /// Whether the last allocator call succeeded.
@@ -297,7 +311,7 @@ impl LeaseBook {
     /// are spend of the allocations' reserves, so they are inside it.
     pub fn overshoot_bound(&self) -> Micros {
         let mut total = 0u64;
-        for t in self.tables() {
+        for t in self.all_tables() {
             t.for_each(|k| total = total.saturating_add(k.value.unreported()));
         }
         total
