@@ -133,3 +133,63 @@ async fn daemon_installs_policy_files_and_ticks() {
         Err(PolicyFilesError::Io { .. })
     ));
 }
+
+/// An operator's SIGHUP after editing the policy folder ([`Daemon::reinstall_policies`]): the
+/// leader installs the changed documents through Raft at once; a follower whose start-up
+/// installer is done installs nothing and keeps nothing to install at a later failover (where
+/// it could replace a version put since with `allotctl policy put`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_sighup_only_the_leader_installs_the_policy_folder() {
+    let _exclusive = crate::ledger_support::exclusive().await;
+    let mut c = crate::ledger_support::LedgerCluster::start(&[1, 2, 3]).await;
+    let root = tempfile::tempdir().expect("tempdir");
+    std::fs::write(root.path().join("api.yaml"), SHORT_LEASES).expect("write policy");
+    let files = load_policy_files(root.path()).expect("policy files load");
+    let (leader, follower) = (c.leader().await, c.follower().await);
+
+    c.daemons
+        .get_mut(&follower)
+        .expect("follower")
+        .reinstall_policies(files.clone());
+    // The follower's install looks at the leadership once and ends; give it time to (wrongly)
+    // propose, then check that nothing was committed.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(c.ledger(leader, |l| l.policy_version("api")).await, 0);
+
+    c.daemons
+        .get_mut(&leader)
+        .expect("leader")
+        .reinstall_policies(files);
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while c.ledger(follower, |l| l.policy_version("api")).await != 1 {
+        assert!(tokio::time::Instant::now() < deadline, "installed in time");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // An operator puts version 2; then the follower that was signalled becomes the leader. It
+    // must not install the folder it read at its SIGHUP over version 2.
+    c.client(leader)
+        .put_policy(pb::PutPolicyRequest {
+            yaml: SHORT_LEASES.replace("requests_per_unit: 10", "requests_per_unit: 20"),
+            expected_version: 1,
+            request_id: "put-v2".into(),
+        })
+        .await
+        .expect("put version 2");
+    for id in [1, 2, 3] {
+        c.allow_election(id, id == follower);
+    }
+    c.stop(leader).await;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while c.leader().await != follower {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the follower leads in time"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Longer than an install takes once leading (see above), then the version is still 2.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(c.ledger(follower, |l| l.policy_version("api")).await, 2);
+    c.stop_all().await;
+}
