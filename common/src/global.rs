@@ -35,6 +35,11 @@ pub struct GlobalDecision<R> {
     /// The key holds no allocation yet: an Acquire has been started and the caller may wait for
     /// it and decide again (the only decision that may wait on the network).
     pub cold: bool,
+    /// Denied because the allocator could not be reached for the key and the rule's failure
+    /// mode (design §7) denied: not a verdict on the contract ([`Reason::AllocatorUnreachable`]).
+    ///
+    /// [`Reason::AllocatorUnreachable`]: crate::limiter::Reason::AllocatorUnreachable
+    pub unreachable: bool,
 }
 
 /// Leased enforcement of `scope: global` rules. Implementations must not block: the decision

@@ -210,6 +210,7 @@ fn reason_name(r: i32) -> &'static str {
         R::KeyTableFull => "key_table_full",
         R::ConcurrencyLimit => "concurrency_limit",
         R::OtherDescriptor => "other_descriptor",
+        R::AllocatorUnreachable => "allocator_unreachable",
     }
 }
 
@@ -247,7 +248,8 @@ fn decision_fields<M: SerializeStruct>(m: &mut M, v: &Verdict) -> Result<(), M::
 /// (allocating nothing, issue 13 item 5): allowed, the [`JsonAnswer`] members followed, for a
 /// reserve, by `reservation_id` and `expires_in_ms`; denied (429),
 /// `{"error":"rate_limit_exceeded","policy":"<rule name>-v<version>"}` with `"reason":"never"`
-/// when waiting cannot help (a cost above the limit's capacity: no Retry-After then).
+/// when waiting cannot help (a cost above the limit's capacity: no Retry-After then), or
+/// `"reason":"allocator_unreachable"` when only a failure mode denied (design §7).
 #[derive(Debug, Clone, Copy)]
 pub struct HttpAnswer<'a> {
     /// The decision.
@@ -286,6 +288,9 @@ impl Serialize for HttpAnswer<'_> {
         if v.never_passes() {
             // No Retry-After: waiting does not help, the cost is above the limit's capacity.
             m.serialize_field("reason", "never")?;
+        } else if v.denied_unreachable() {
+            // Not the contract: the limiter could not reach its control plane (failure mode).
+            m.serialize_field("reason", "allocator_unreachable")?;
         }
         m.end()
     }

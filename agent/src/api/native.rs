@@ -61,6 +61,7 @@ pub fn pb_reason(r: Reason) -> pb::DecisionReason {
         Reason::CostExceedsCapacity => pb::DecisionReason::CostExceedsCapacity,
         Reason::KeyTableFull => pb::DecisionReason::KeyTableFull,
         Reason::ConcurrencyLimit => pb::DecisionReason::ConcurrencyLimit,
+        Reason::AllocatorUnreachable => pb::DecisionReason::AllocatorUnreachable,
     }
 }
 

@@ -105,6 +105,20 @@ impl Verdict {
     pub fn never_passes(&self) -> bool {
         self.outcome.code == Code::OverLimit && self.outcome.retry_after == RetryAfter::Never
     }
+
+    /// Whether the request is denied only because a `scope: global` descriptor's failure mode
+    /// denied while the allocator was unreachable (design §7): every descriptor over its limit
+    /// is so. A gateway or client can tell it from a spent contract; it is still OVER_LIMIT.
+    pub fn denied_unreachable(&self) -> bool {
+        let mut over = self
+            .statuses
+            .iter()
+            .filter(|s| s.code == Code::OverLimit)
+            .peekable();
+        self.outcome.code == Code::OverLimit
+            && over.peek().is_some()
+            && over.all(|s| s.reason == Reason::AllocatorUnreachable)
+    }
 }
 
 fn wait_order(r: RetryAfter) -> u128 {

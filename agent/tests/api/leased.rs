@@ -174,18 +174,25 @@ async fn allocator_stopped_mid_run_then_failure_mode_deny() {
         assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(retry.as_deref(), Some("1"));
         assert_eq!(
-            body,
-            json!({"error": "rate_limit_exceeded", "policy": "tenant-rps-v1"})
+            (&body["error"], &body["policy"]),
+            (&json!("rate_limit_exceeded"), &json!("tenant-rps-v1")),
+            "{body}"
         );
         break;
     }
     assert_eq!(admitted, left, "every token held is still spendable");
     assert!(eventually(5, || !r.decider.enforcer().book().is_reachable()).await);
     for _ in 0..3 {
-        let (status, retry, _) = http_check(r, "tenant", "a").await;
+        let (status, retry, body) = http_check(r, "tenant", "a").await;
         assert_eq!(
             (status, retry.as_deref()),
             (StatusCode::TOO_MANY_REQUESTS, Some("1"))
+        );
+        // The client can tell the failure mode from a spent contract.
+        assert_eq!(
+            body,
+            json!({"error": "rate_limit_exceeded", "policy": "tenant-rps-v1",
+                   "reason": "allocator_unreachable"})
         );
     }
     let c = &r.decider.enforcer().book().counters;

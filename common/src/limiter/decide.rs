@@ -439,6 +439,13 @@ fn push_statuses<R>(
             (None, Some(gi)) => Some(decisions[gi]),
             (None, None) => None,
         };
-        statuses.push(limited_status(it.rule, it.rule_index, &it.params, decided));
+        let mut status = limited_status(it.rule, it.rule_index, &it.params, decided);
+        if leased[i]
+            .as_ref()
+            .is_some_and(|r| r.unreachable && !r.decision.allowed)
+        {
+            status.reason = Reason::AllocatorUnreachable;
+        }
+        statuses.push(status);
     }
 }

@@ -194,6 +194,8 @@ descriptors:
     #[derive(Default)]
     struct FakeGlobal {
         left: RefCell<HashMap<String, Micros>>,
+        /// The allocator is unreachable: every key is denied by its failure mode.
+        down: std::cell::Cell<bool>,
     }
 
     impl FakeGlobal {
@@ -206,7 +208,7 @@ descriptors:
             let name = format!("{}={}", key.entries[0].key, key.entries[0].value);
             let mut left = self.left.borrow_mut();
             let l = left.entry(name.clone()).or_insert(3 * MICROS_PER_TOKEN);
-            let allowed = *l >= cost;
+            let allowed = *l >= cost && !self.down.get();
             if allowed && take {
                 *l -= cost;
             }
@@ -223,6 +225,7 @@ descriptors:
                 },
                 reservation: (allowed && take).then_some((name, cost)),
                 cold: !allowed,
+                unreachable: self.down.get(),
             }
         }
     }
@@ -305,6 +308,70 @@ descriptors:
                 .unwrap();
             assert_eq!((o.code, st[0].remaining), (Code::Ok, left - 1));
         }
+    }
+
+    /// A leased descriptor denied by its failure mode (the allocator unreachable) is reported
+    /// as such, on the single-descriptor path and the general one, and only while it is denied.
+    #[test]
+    fn a_failure_mode_denial_says_the_allocator_was_unreachable() {
+        let l = Limiter::new(
+            ConfigSet::from_yaml(POLICY, Path::new("p.yaml")).unwrap(),
+            0,
+        );
+        let g = FakeGlobal::default();
+        g.down.set(true);
+        let (ge, te) = (
+            [Entry {
+                key: "global",
+                value: "a",
+            }],
+            [Entry {
+                key: "tb",
+                value: "a",
+            }],
+        );
+        let one = [Descriptor {
+            entries: &ge,
+            hits_addend: None,
+        }];
+        let two = [
+            Descriptor {
+                entries: &te,
+                hits_addend: None,
+            },
+            Descriptor {
+                entries: &ge,
+                hits_addend: None,
+            },
+        ];
+        let mut st = Vec::new();
+        for ds in [&one[..], &two[..]] {
+            let req = Request {
+                domain: "p",
+                descriptors: ds,
+                hits_addend: None,
+            };
+            let o = l.decide_with(&req, 0, &mut st, &g).unwrap();
+            assert_eq!(o.code, Code::OverLimit);
+            let last = st.last().unwrap();
+            assert_eq!(
+                (last.code, last.reason),
+                (Code::OverLimit, Reason::AllocatorUnreachable)
+            );
+        }
+        assert_eq!(
+            st[0].reason,
+            Reason::WithinLimit,
+            "the local descriptor is not"
+        );
+        g.down.set(false);
+        let req = Request {
+            domain: "p",
+            descriptors: &one,
+            hits_addend: None,
+        };
+        l.decide_with(&req, 0, &mut st, &g).unwrap();
+        assert_eq!(st[0].reason, Reason::WithinLimit);
     }
 
     const KEYS: [&str; 11] = [

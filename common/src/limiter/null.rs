@@ -36,5 +36,6 @@ fn unreachable_global() -> GlobalDecision<()> {
         },
         reservation: None,
         cold: false,
+        unreachable: false,
     }
 }

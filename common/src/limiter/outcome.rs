@@ -35,6 +35,10 @@ pub enum Reason {
     /// Every concurrency slot of the key is taken (`max_in_flight`, design §10 "Concurrency"). Set
     /// by an agent, which holds the slots; the limiter itself never answers it.
     ConcurrencyLimit,
+    /// Denied by the rule's failure mode (design §7): the agent could not reach the allocator
+    /// for the key and had nothing of its own to spend (`failure_mode: deny`, or the emergency
+    /// reserve spent). Says nothing about the contract; set from an agent's lease answer.
+    AllocatorUnreachable,
 }
 
 /// The limit that applied to a descriptor, as configured (Envoy's `current_limit`).

@@ -40,6 +40,7 @@ pub(super) fn decide_one<G: GlobalLimits>(
     };
     let cost = tokens_to_micros(req.cost_tokens(0));
     let mut awaiting_lease = false;
+    let mut unreachable = false;
     let decided = match global {
         Some(g) if rule.scope == Scope::Global => {
             let key = GlobalKey {
@@ -50,6 +51,7 @@ pub(super) fn decide_one<G: GlobalLimits>(
             };
             let r = g.commit(key, cost, now);
             awaiting_lease = r.cold && !r.decision.allowed;
+            unreachable = r.unreachable && !r.decision.allowed;
             Some(r.decision)
         }
         _ => {
@@ -63,7 +65,10 @@ pub(super) fn decide_one<G: GlobalLimits>(
             }
         }
     };
-    let status = limited_status(rule, ri as u32, &params, decided);
+    let mut status = limited_status(rule, ri as u32, &params, decided);
+    if unreachable {
+        status.reason = Reason::AllocatorUnreachable;
+    }
     statuses.push(status);
     if rule.shadow_mode || status.code == Code::Ok {
         return Some(ok);

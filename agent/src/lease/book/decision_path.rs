@@ -131,6 +131,7 @@ impl LeaseBook {
             reservation: (mode == Mode::Reserve)
                 .then(|| LeaseReservation::Allocation(a.clone(), cost, fused.then(|| kl.clone()))),
             cold: false,
+            unreachable: false,
         }
     }
 
@@ -196,6 +197,7 @@ impl LeaseBook {
                 decision: allowed(remaining, &rule.params),
                 reservation: None,
                 cold: false,
+                unreachable: false,
             };
         }
         if let Some(left) = take.then(|| v.protocol.take_credit(cost, now)).flatten() {
@@ -311,7 +313,10 @@ impl LeaseBook {
         let wait = until
             .saturating_sub(now)
             .max(self.settings.retry_floor_ns());
-        denied(remaining, RetryAfter::After(wait), false)
+        GlobalDecision {
+            unreachable: true,
+            ..denied(remaining, RetryAfter::After(wait), false)
+        }
     }
 
     /// The Retry-After of a decision waiting for the allocator, should the wait end without an
@@ -356,6 +361,7 @@ impl LeaseBook {
             reservation: (mode == Mode::Reserve)
                 .then(|| LeaseReservation::Central(kl.clone(), cost, fused)),
             cold: false,
+            unreachable: false,
         }
     }
 
@@ -401,6 +407,7 @@ impl LeaseBook {
                 decision: d,
                 reservation: None,
                 cold: false,
+                unreachable: false,
             });
         };
         v.emergency_admitted.fetch_add(cost, Ordering::Relaxed);
@@ -412,6 +419,7 @@ impl LeaseBook {
             decision: d,
             reservation: Some(LeaseReservation::Allocation(a, cost, None)),
             cold: false,
+            unreachable: false,
         })
     }
 
@@ -463,6 +471,7 @@ pub(super) fn denied(
         },
         reservation: None,
         cold,
+        unreachable: false,
     }
 }
 
