@@ -1165,6 +1165,58 @@ async fn sparse_keys_are_decided_centrally_then_promoted_to_leases() {
     assert_eq!(agent.held("one", 0, "bulk", "c").len(), 1);
 }
 
+/// A config change at the agent that stops leasing a rule (here the rule is removed) releases
+/// the key's allocation to a real allocator with its final spend at the next maintenance pass:
+/// the ledger returns the unspent tokens to the key's bucket now, not when the ten-minute lease
+/// would have expired, and counts exactly what was spent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rule_removed_by_a_reload_gives_its_unspent_tokens_back() {
+    let alloc_clock = AllocatorManualClock::new(T0_MS);
+    let nodes = Allocators::start(1, &[("one", ONE)], Arc::new(alloc_clock.clone())).await;
+    let clock = ManualClock::new(1_000 * S);
+    let agent = RealAgent::start(
+        ONE,
+        "gw-reload",
+        "eu",
+        &[nodes.addr(1)],
+        Arc::new(clock.clone()),
+        |_| {},
+    );
+    for _ in 0..3 {
+        assert_eq!(agent.decide("one", "bulk", "r").await.code, Code::Ok);
+    }
+    let held = agent.held("one", 0, "bulk", "r");
+    assert_eq!(held.len(), 1);
+    assert_eq!((held[0].granted, held[0].spent()), (50 * T, 3 * T));
+    let bucket = || {
+        nodes
+            .read(1, |l| l.status(&policy_key("one", "bulk", "r"), T0_MS))
+            .expect("status")
+    };
+    assert_eq!(bucket().bucket_tokens, 50 * T, "burst 100, one grant of 50");
+
+    let without_bulk: String = ONE
+        .lines()
+        .filter(|l| !l.contains("key: bulk") && !l.contains("one-bulk"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    assert!(!without_bulk.contains("bulk") && without_bulk.contains("one-tenant"));
+    agent
+        .decider
+        .apply(ConfigSet::from_yaml(&without_bulk, Path::new("p2.yaml")).expect("valid"));
+    assert!(
+        eventually(15, || {
+            let s = bucket();
+            s.bucket_tokens == 97 * T && s.regions.iter().all(|r| r.live_allocations == 0)
+        })
+        .await,
+        "released with its spend of 3: {:?}",
+        bucket()
+    );
+    assert!(held[0].is_closed());
+    assert_eq!(agent.book().overshoot_bound(), 0);
+}
+
 /// Typed errors across the allocator↔agent seam (issue 11 item 4), end to end: a Report with a
 /// stale epoch and one from another holder are refused by a real allocator and classified by
 /// the agent as exactly that (not one as the other, not as a leader hint), unary and in a Batch;
