@@ -69,7 +69,12 @@ pub struct ReloadCounters {
     pub version: AtomicU64,
 }
 
-type ByRule = HashMap<String, Vec<Option<Arc<PolicyCounters>>>>;
+/// Per domain, per rule index: the rule's counters, for the config version `version`.
+#[derive(Default)]
+struct ByRule {
+    version: u64,
+    rules: HashMap<String, Vec<Option<Arc<PolicyCounters>>>>,
+}
 
 /// The agent's metrics.
 pub struct Metrics {
@@ -146,7 +151,7 @@ impl Metrics {
             book,
             _provider: provider,
             latency,
-            by_rule: ArcSwap::from_pointee(HashMap::new()),
+            by_rule: ArcSwap::from_pointee(ByRule::default()),
             by_name,
             requests,
             reloads,
@@ -158,7 +163,10 @@ impl Metrics {
     pub fn apply(&self, snap: &Snapshot) {
         self.reloads.version.store(snap.version, Ordering::Relaxed);
         let mut names = self.by_name.lock();
-        let mut by_rule: ByRule = HashMap::new();
+        let mut by_rule = ByRule {
+            version: snap.version,
+            rules: HashMap::new(),
+        };
         for d in snap.domains() {
             let v = d
                 .config
@@ -166,14 +174,18 @@ impl Metrics {
                 .iter()
                 .map(|r| Some(names.entry(r.name.clone()).or_default().clone()))
                 .collect();
-            by_rule.insert(d.config.domain.clone(), v);
+            by_rule.rules.insert(d.config.domain.clone(), v);
         }
         self.by_rule.store(Arc::new(by_rule));
     }
 
-    /// Counts one decision of `domain` and its latency.
+    /// Counts one decision of `domain`, made with `snap`, and its latency. Rule indexes are
+    /// those of `snap`: while a config change is being made current (or for a decision still
+    /// on the previous version) the counters are found by rule name instead, so a rule whose
+    /// index moved is never counted as another.
     pub fn record(
         &self,
+        snap: &Snapshot,
         domain: &str,
         outcome: &Outcome,
         statuses: &[DescriptorStatus],
@@ -189,20 +201,36 @@ impl Metrics {
         };
         c.fetch_add(1, Ordering::Relaxed);
         let by_rule = self.by_rule.load();
-        let Some(rules) = by_rule.get(domain) else {
+        if by_rule.version != snap.version {
+            self.record_by_name(snap, domain, ok, statuses);
+            return;
+        }
+        let Some(rules) = by_rule.rules.get(domain) else {
             return;
         };
         for s in statuses {
-            let Some(Some(pc)) = s.rule_index.and_then(|ri| rules.get(ri as usize)) else {
-                continue;
-            };
-            if s.shadow_over_limit {
-                pc.shadow_denied.fetch_add(1, Ordering::Relaxed);
+            if let Some(Some(pc)) = s.rule_index.and_then(|ri| rules.get(ri as usize)) {
+                count(pc, s, ok);
             }
-            if ok {
-                pc.allowed.fetch_add(1, Ordering::Relaxed);
-            } else if s.code == Code::OverLimit {
-                pc.denied.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// [`record`](Self::record)'s per-policy counts through the rule names of `snap` (only
+    /// around a config change).
+    fn record_by_name(
+        &self,
+        snap: &Snapshot,
+        domain: &str,
+        ok: bool,
+        statuses: &[DescriptorStatus],
+    ) {
+        let Some(d) = snap.domain(domain) else {
+            return;
+        };
+        let mut names = self.by_name.lock();
+        for s in statuses {
+            if let Some(rule) = s.rule_index.and_then(|ri| d.config.rules.get(ri as usize)) {
+                count(names.entry(rule.name.clone()).or_default(), s, ok);
             }
         }
     }
@@ -472,6 +500,18 @@ fn register_requests(meter: &Meter, req: Arc<RequestCounters>) {
         .build();
 }
 
+/// Counts one descriptor's answer `s` in its policy's counters; `ok`: the request was admitted.
+fn count(pc: &PolicyCounters, s: &DescriptorStatus, ok: bool) {
+    if s.shadow_over_limit {
+        pc.shadow_denied.fetch_add(1, Ordering::Relaxed);
+    }
+    if ok {
+        pc.allowed.fetch_add(1, Ordering::Relaxed);
+    } else if s.code == Code::OverLimit {
+        pc.denied.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
 /// Policy reloads by result, whether the last one succeeded, and the config version.
 fn register_reloads(meter: &Meter, r: Arc<ReloadCounters>) {
     let c = r.clone();
@@ -657,6 +697,54 @@ mod tests {
         // The sum saturates instead of wrapping.
         assert!(text.contains("w_sum 18446744073.709551615\n"), "{text}");
         assert!(text.contains("w_count 5\n"), "{text}");
+    }
+
+    /// A decision made with a config version the metrics have not mapped yet (the moment of a
+    /// reload, or a decision still on the previous version) is counted under its rules' names,
+    /// not under whatever rule has its index in the other version.
+    #[test]
+    fn a_decision_of_another_config_version_is_counted_by_rule_name() {
+        use allot_common::config::ConfigSet;
+        use allot_common::descriptor::{Descriptor, Entry, Request};
+        use allot_common::limiter::Limiter;
+        let yaml = |first: &str, second: &str| {
+            format!(
+                "domain: d\ndescriptors:\n  - key: {first}\n    rate_limit: {{unit: hour, requests_per_unit: 1, scope: local, name: {first}}}\n  - key: {second}\n    rate_limit: {{unit: hour, requests_per_unit: 1, scope: local, name: {second}}}\n"
+            )
+        };
+        let config = |a, b| ConfigSet::from_yaml(&yaml(a, b), std::path::Path::new("p")).unwrap();
+        let l = Limiter::new(config("alpha", "beta"), 0);
+        let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+        let book = Arc::new(LeaseBook::new(
+            Arc::new(allot_common::clock::ManualClock::new(0)),
+            crate::lease::LeaseSettings::new("a", "r"),
+            tx,
+        ));
+        let m = Metrics::new(book).unwrap();
+        m.apply(&l.snapshot());
+        // Version 2 swaps the rules' order; the metrics are not told yet.
+        l.apply(config("beta", "alpha"), 0);
+        let snap = l.snapshot();
+        let e = [Entry {
+            key: "beta",
+            value: "1",
+        }];
+        let ds = [Descriptor {
+            entries: &e,
+            hits_addend: None,
+        }];
+        let req = Request {
+            domain: "d",
+            descriptors: &ds,
+            hits_addend: None,
+        };
+        let mut st = Vec::new();
+        let o = l.decide(&req, 0, &mut st).unwrap();
+        assert_eq!(st[0].rule_index, Some(0), "beta is rule 0 in version 2");
+        m.record(&snap, "d", &o, &st, std::time::Duration::ZERO);
+        let names = m.by_name.lock();
+        let allowed = |n: &str| names[n].allowed.load(Ordering::Relaxed);
+        assert_eq!((allowed("alpha"), allowed("beta")), (0, 1));
     }
 
     #[test]

@@ -109,8 +109,13 @@ impl Decider {
                 return Err(e.into());
             }
         };
-        self.metrics
-            .record(req.domain, &outcome, &statuses, started.elapsed());
+        self.metrics.record(
+            &snapshot,
+            req.domain,
+            &outcome,
+            &statuses,
+            started.elapsed(),
+        );
         let mut domain = Pooled::<String>::take();
         domain.push_str(req.domain);
         Ok(Verdict {
