@@ -62,6 +62,9 @@ pub enum ReloadError {
 pub enum Reload {
     /// The files hold what is deciding now; nothing applied.
     Unchanged,
+    /// The files were put back to what is deciding now after a refusal: nothing applied, and
+    /// the refusal is over (logged, so the last word in the log is not the error).
+    Restored,
     /// A poll read changed files for the first time: they are applied when the next poll reads
     /// the same bytes (a writer may be half-way through a file or a folder), or at once on
     /// SIGHUP.
@@ -138,8 +141,10 @@ impl PolicyFiles {
         let mut seen = self.state.lock();
         let read: Read = read_policy_documents(&self.path);
         let outcome = if read.as_ref().is_ok_and(|docs| *docs == seen.current) {
-            seen.refused = None;
-            Reload::Unchanged
+            match seen.refused.take() {
+                Some(_) => Reload::Restored,
+                None => Reload::Unchanged,
+            }
         } else if let Some((_, error)) = seen.refused.as_ref().filter(|(r, _)| *r == read) {
             // The same bytes (or the same read error) as the last refusal: refused again,
             // without validating, logging or counting them again.
@@ -207,7 +212,7 @@ impl PolicyFiles {
         c.checks.fetch_add(1, Ordering::Relaxed);
         match outcome {
             Reload::Changing => {}
-            Reload::Unchanged => c.last_ok.store(1, Ordering::Relaxed),
+            Reload::Unchanged | Reload::Restored => c.last_ok.store(1, Ordering::Relaxed),
             Reload::Applied { .. } => {
                 c.applied.fetch_add(1, Ordering::Relaxed);
                 c.last_ok.store(1, Ordering::Relaxed);
@@ -258,6 +263,9 @@ impl PolicyFiles {
             }
             Reload::Rejected { error, repeated } if asked || !repeated => {
                 tracing::error!(policies = %path, %error, "policy reload refused; the current policies stay")
+            }
+            Reload::Restored => {
+                tracing::info!(policies = %path, "policy files are the running version again; the refusal is over")
             }
             Reload::Unchanged if asked => {
                 tracing::info!(policies = %path, "policies unchanged")
@@ -501,5 +509,16 @@ mod tests {
         r.write("api.yaml", &policy(4));
         assert_eq!(r.files.check(false), Reload::Unchanged);
         assert_eq!(r.counters(), (1, 1, 1, 2));
+    }
+
+    #[test]
+    fn files_put_back_after_a_refusal_end_it_without_a_new_version() {
+        let r = Rig::new(2);
+        r.write("api.yaml", "domain: api\ndescriptors: [}\n");
+        assert!(matches!(r.files.check(true), Reload::Rejected { .. }));
+        r.write("api.yaml", &policy(2));
+        assert_eq!(r.files.check(true), Reload::Restored);
+        assert_eq!(r.files.check(true), Reload::Unchanged);
+        assert_eq!(r.counters(), (0, 1, 1, 1));
     }
 }

@@ -80,11 +80,19 @@ impl Ctx<'_> {
     }
 }
 
+/// The parser's message on one line ("line L column C: what"): its first line without the
+/// parser's own "error: " prefix. The source snippet it appends (several lines naming
+/// `<input>`) would break line-based logs, and the file is named by the caller.
+fn parser_message(full: &str) -> String {
+    let first = full.lines().next().unwrap_or(full).trim();
+    first.strip_prefix("error: ").unwrap_or(first).to_string()
+}
+
 /// Parses and validates one domain file.
 pub(crate) fn domain(text: &str, file: &Path) -> Result<DomainConfig, ConfigError> {
     let raw: RawDomain = serde_saphyr::from_str(text).map_err(|e| ConfigError::Syntax {
         file: file.to_path_buf(),
-        message: e.to_string(),
+        message: parser_message(&e.to_string()),
     })?;
     let cx = Ctx { file };
     let domain = cx
@@ -523,10 +531,15 @@ fn regions(
         let share_ppm = region_share_ppm(cx, r, &rp, rpu)?;
         total_ppm += u64::from(share_ppm);
         if total_ppm > u64::from(PPM) {
+            // Tenths of a percent, rounded down (still above 100.0).
+            let (whole, tenth) = (total_ppm / 10_000, total_ppm % 10_000 / 1_000);
             return Err(cx.invalid(
                 &rp,
                 r.share.as_ref().or(r.rate.as_ref()),
-                "region shares add up to more than 100%",
+                format!(
+                    "region shares add up to more than 100%: {whole}.{tenth}% of the policy's \
+                     {rpu} per unit with this region's share"
+                ),
             ));
         }
         regions.push(RegionShare {
@@ -625,6 +638,27 @@ mod tests {
         );
         let e = err("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, replaces: []}\n");
         assert!(e.contains("replaces"), "{e}");
+    }
+
+    /// A syntax error is one line naming the file, the line and the column.
+    #[test]
+    fn syntax_errors_are_one_line_with_line_and_column() {
+        let e = err("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 2\n");
+        assert!(!e.contains('\n'), "{e}");
+        assert!(e.starts_with("t.yaml: line 4 column"), "{e}");
+    }
+
+    /// Overfull regional shares name the total against the policy's rate, not only the last
+    /// region's own rate (which read like a contradiction: "more than 100% (got 100)").
+    #[test]
+    fn overfull_region_shares_name_the_total() {
+        let e = err("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 900, regions: [{region: a, rate: 500}, {region: b, rate: 400}, {region: c, rate: 100}]}\n");
+        assert!(
+            e.contains("rate_limit.regions[2]")
+                && e.contains("111.1% of the policy's 900 per unit")
+                && e.contains("(got 100)"),
+            "{e}"
+        );
     }
 
     #[test]
