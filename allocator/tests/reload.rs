@@ -183,6 +183,30 @@ async fn sighup_installs_a_changed_policy_file_and_ignores_an_invalid_one() {
     write_policy(dir.path(), &policy(20));
     node.hangup("SIGHUP: policies re-read").await;
     wait_for_version(&mut node, &mut c, 2).await;
+    // Status shows what is in force now: the rule and its new rate.
+    let s = c
+        .status(pb::StatusRequest {
+            key: Some(pb::PolicyKey {
+                domain: "reload".into(),
+                entries: vec![pb::DescriptorEntry {
+                    key: "tenant".into(),
+                    value: "t".into(),
+                }],
+            }),
+        })
+        .await
+        .expect("status")
+        .into_inner();
+    assert_eq!(
+        (
+            s.policy_version,
+            s.policy.as_str(),
+            s.requests_per_unit,
+            s.unit.as_str()
+        ),
+        (2, "reload|tenant", 20, "SECOND")
+    );
+    assert_eq!((s.unit_multiplier, s.capacity_tokens), (1, 20));
 
     // A folder that no longer loads: logged, nothing changes, the node serves on.
     write_policy(

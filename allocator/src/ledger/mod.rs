@@ -60,12 +60,12 @@ pub use tables::{
 };
 pub use types::{
     Acquire, Command, Decide, Decided, Denial, Grant, KeyStatus, PolicyKey, RegionStatus, Response,
-    Share, ShareSpec,
+    Share, ShareSpec, StatusLimit,
 };
 
 use allot_common::algorithm::{AlgorithmKind, LimitParams, LimitState};
 use allot_common::config::DomainConfig;
-use allot_common::units::{millis_to_nanos, Micros};
+use allot_common::units::{millis_to_nanos, Micros, MICROS_PER_TOKEN};
 use imbl::{OrdMap, OrdSet};
 use names::Names;
 use serde::{Deserialize, Serialize};
@@ -616,9 +616,24 @@ impl Ledger {
                     .map_or(0, |p| p.reserved_ppm.saturating_sub(p.effective_ppm)),
             })
             .collect();
+        let limit = match rule.limit {
+            allot_common::config::RuleLimit::Limited {
+                requests_per_unit,
+                unit,
+                unit_multiplier,
+                ..
+            } => Some(StatusLimit {
+                requests_per_unit,
+                unit: unit.envoy_name().to_string(),
+                unit_multiplier,
+                capacity_tokens: ks.global.params.capacity() / MICROS_PER_TOKEN,
+            }),
+            allot_common::config::RuleLimit::Unlimited => None,
+        };
         Ok(KeyStatus {
             policy: rule.name.clone(),
             policy_version: doc_version,
+            limit,
             bucket_tokens,
             calendar_remaining,
             regions,

@@ -21,6 +21,19 @@ pub enum Share {
     Rate(u64),
 }
 
+/// The limit a [`KeyStatus`] reports.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatusLimit {
+    /// `requests_per_unit`.
+    pub requests_per_unit: u64,
+    /// `unit`, as Envoy spells it (`SECOND`, `MINUTE`, `HOUR`, `DAY`).
+    pub unit: String,
+    /// `unit_multiplier`.
+    pub unit_multiplier: u64,
+    /// Capacity (burst, or a window's limit), whole tokens.
+    pub capacity_tokens: u64,
+}
+
 /// A region and its share, for [`Command::SetShares`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ShareSpec {
@@ -279,6 +292,9 @@ pub struct KeyStatus {
     pub policy: String,
     /// Policy document version.
     pub policy_version: u64,
+    /// The rule's rate: `requests_per_unit` per `unit_multiplier` × `unit`, and its capacity
+    /// in whole tokens; `None` for an unlimited rule.
+    pub limit: Option<StatusLimit>,
     /// Microtokens in the global bucket (or left in the current window) now.
     pub bucket_tokens: u64,
     /// Microtokens left in the calendar quota's current period, when configured.

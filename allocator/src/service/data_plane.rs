@@ -7,7 +7,7 @@ use super::deadline::deadline_of;
 use super::errors::{commit_detail, commit_status, detail, ledger_error, ledger_status};
 use super::forward::{forward_request, forwarded};
 use super::{AllocatorService, Client};
-use crate::ledger::{Command, LedgerError, Response as LResp};
+use crate::ledger::{Command, LedgerError, Response as LResp, StatusLimit};
 use crate::raft::{ClientError, CommitError};
 use allot_proto::allot::v1 as pb;
 use tokio::time::Instant;
@@ -108,11 +108,22 @@ impl AllocatorService {
             .state()
             .read(|l| l.status(&key, now))
             .map_err(ledger_status)?;
+        let limit = s.limit.unwrap_or(StatusLimit {
+            requests_per_unit: 0,
+            unit: String::new(),
+            unit_multiplier: 0,
+            capacity_tokens: 0,
+        });
         Ok(Response::new(pb::StatusResponse {
             key: body.key,
             policy_version: s.policy_version,
             bucket_tokens: s.bucket_tokens,
             regions: s.regions.into_iter().map(region_status).collect(),
+            policy: s.policy,
+            requests_per_unit: limit.requests_per_unit,
+            unit: limit.unit,
+            unit_multiplier: limit.unit_multiplier,
+            capacity_tokens: limit.capacity_tokens,
         }))
     }
 

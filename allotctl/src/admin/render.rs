@@ -75,6 +75,9 @@ pub fn key_status_text(s: &pb::StatusResponse) -> String {
         s.policy_version,
         tokens(s.bucket_tokens)
     );
+    if !s.policy.is_empty() {
+        out.push_str(&format!("rule {}: {}\n", s.policy, limit(s)));
+    }
     for row in rows {
         let cells: Vec<String> = row
             .iter()
@@ -105,6 +108,24 @@ pub fn key_status_text(s: &pb::StatusResponse) -> String {
         ));
     }
     out
+}
+
+/// The rule's limit as configured, e.g. "10 per second, capacity 40 tokens"; "unlimited" for
+/// a rule without one (an allocator older than these fields sends none: empty policy name).
+fn limit(s: &pb::StatusResponse) -> String {
+    if s.requests_per_unit == 0 {
+        return "unlimited".into();
+    }
+    let unit = s.unit.to_ascii_lowercase();
+    let per = if s.unit_multiplier > 1 {
+        format!("{} {unit}s", s.unit_multiplier)
+    } else {
+        unit
+    };
+    format!(
+        "{} per {per}, capacity {} tokens",
+        s.requests_per_unit, s.capacity_tokens
+    )
 }
 
 /// Parts per million as a percentage with up to four decimals, e.g. 662500 → "66.25%".
@@ -145,6 +166,11 @@ pub fn key_status_json(s: &pb::StatusResponse) -> Value {
     json!({
         "key": key,
         "policy_version": s.policy_version,
+        "policy": s.policy,
+        "requests_per_unit": s.requests_per_unit,
+        "unit": s.unit,
+        "unit_multiplier": s.unit_multiplier,
+        "capacity_tokens": s.capacity_tokens,
         "bucket_tokens_micros": s.bucket_tokens,
         "regions": s.regions.iter().map(|r| json!({
             "region": r.region,
@@ -294,6 +320,11 @@ mod tests {
                 }],
             }),
             policy_version: 3,
+            policy: "acme-search".into(),
+            requests_per_unit: 10,
+            unit: "SECOND".into(),
+            unit_multiplier: 1,
+            capacity_tokens: 40,
             bucket_tokens: 46_500_000,
             regions: vec![pb::RegionStatus {
                 region: "eu-west".into(),
@@ -310,6 +341,10 @@ mod tests {
         let t = key_status_text(&s);
         assert!(
             t.contains("key api tenant=acme: policy version 3, global bucket 46.5 tokens"),
+            "{t}"
+        );
+        assert!(
+            t.contains("rule acme-search: 10 per second, capacity 40 tokens"),
             "{t}"
         );
         assert!(t.contains("eu-west"), "{t}");
