@@ -68,9 +68,16 @@ enum Command {
     },
     /// Validate a config file or folder; exits non-zero with the file, field and value at fault.
     Validate {
+        /// A config file, or a folder of them (also accepted as `--config PATH`).
+        #[arg(
+            value_name = "PATH",
+            required_unless_present = "config",
+            conflicts_with = "config"
+        )]
+        path: Option<PathBuf>,
         /// A config file, or a folder of them.
         #[arg(long)]
-        config: PathBuf,
+        config: Option<PathBuf>,
     },
     /// Allocator cluster membership and Raft state.
     #[command(subcommand)]
@@ -125,7 +132,10 @@ fn run(cli: Cli) -> Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Validate { config } => {
+        Command::Validate { path, config } => {
+            let Some(config) = path.or(config) else {
+                anyhow::bail!("give the config file or folder to validate");
+            };
             let set = allot_common::config::ConfigSet::load(&config)
                 .map_err(|e| anyhow::anyhow!("{e}"))?;
             let mut domains: Vec<_> = set.domains().collect();

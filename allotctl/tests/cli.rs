@@ -107,6 +107,14 @@ fn validate_lists_rules_or_names_the_fault() {
         text.contains("s-limit: fixed_window 1 per 1×minute (capacity 1) [shadow]"),
         "{text}"
     );
+    // The path may also be given alone.
+    let plain = Command::new(env!("CARGO_BIN_EXE_allotctl"))
+        .arg("validate")
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(plain.status.success());
+    assert_eq!(String::from_utf8(plain.stdout).unwrap(), text);
     write(dir.path(), "q.yaml", "domain: d\ndescriptors: []\n");
     let out = Command::new(env!("CARGO_BIN_EXE_allotctl"))
         .args(["validate", "--config"])
