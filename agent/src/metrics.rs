@@ -227,10 +227,13 @@ impl Metrics {
         let Some(d) = snap.domain(domain) else {
             return;
         };
-        let mut names = self.by_name.lock();
+        let names = self.by_name.lock();
         for s in statuses {
-            if let Some(rule) = s.rule_index.and_then(|ri| d.config.rules.get(ri as usize)) {
-                count(names.entry(rule.name.clone()).or_default(), s, ok);
+            let rule = s.rule_index.and_then(|ri| d.config.rules.get(ri as usize));
+            // Every rule of a version made current has its counters already (see `apply`,
+            // called for it); a decision of a version never applied here counts nowhere.
+            if let Some(pc) = rule.and_then(|r| names.get(&r.name)) {
+                count(pc, s, ok);
             }
         }
     }

@@ -96,15 +96,14 @@ impl Node {
 /// The version in force: the one that decides one token of tenant "t" now (0 while there is
 /// no leader yet).
 async fn version(c: &mut AllocatorClient<Channel>) -> u64 {
+    decide(c, "t").await
+}
+
+/// Decides one token of tenant `tenant`; returns the policy version that decided (0 on error).
+async fn decide(c: &mut AllocatorClient<Channel>, tenant: &str) -> u64 {
     static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let n = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let key = pb::PolicyKey {
-        domain: "reload".into(),
-        entries: vec![pb::DescriptorEntry {
-            key: "tenant".into(),
-            value: "t".into(),
-        }],
-    };
+    let key = tenant_key(tenant);
     let req = pb::DecideRequest {
         key: Some(key),
         region: "r".into(),
@@ -115,6 +114,16 @@ async fn version(c: &mut AllocatorClient<Channel>) -> u64 {
     c.decide(req)
         .await
         .map_or(0, |r| r.into_inner().policy_version)
+}
+
+fn tenant_key(tenant: &str) -> pb::PolicyKey {
+    pb::PolicyKey {
+        domain: "reload".into(),
+        entries: vec![pb::DescriptorEntry {
+            key: "tenant".into(),
+            value: tenant.into(),
+        }],
+    }
 }
 
 /// Waits (30 s at most) until the version in force is `v`, the node staying up.
@@ -180,19 +189,16 @@ async fn sighup_installs_a_changed_policy_file_and_ignores_an_invalid_one() {
     node.hangup("SIGHUP: policies re-read").await;
     assert_eq!(version(&mut c).await, 1);
 
+    // A key last touched under version 1.
+    assert_eq!(decide(&mut c, "u").await, 1);
     write_policy(dir.path(), &policy(20));
     node.hangup("SIGHUP: policies re-read").await;
     wait_for_version(&mut node, &mut c, 2).await;
-    // Status shows what is in force now: the rule and its new rate.
+    // Status shows what is in force now, the rule and its new rate and capacity, also for the
+    // key whose bucket takes them only at its next decision.
     let s = c
         .status(pb::StatusRequest {
-            key: Some(pb::PolicyKey {
-                domain: "reload".into(),
-                entries: vec![pb::DescriptorEntry {
-                    key: "tenant".into(),
-                    value: "t".into(),
-                }],
-            }),
+            key: Some(tenant_key("u")),
         })
         .await
         .expect("status")

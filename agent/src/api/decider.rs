@@ -23,6 +23,8 @@ pub struct Decider {
     metrics: Arc<Metrics>,
     settings: TrackingSettings,
     seq: AtomicU64,
+    /// Serializes [`apply`](Self::apply).
+    applying: parking_lot::Mutex<()>,
 }
 
 impl Decider {
@@ -39,6 +41,7 @@ impl Decider {
             metrics,
             settings,
             seq: AtomicU64::new(0),
+            applying: parking_lot::Mutex::new(()),
         }
     }
 
@@ -59,6 +62,9 @@ impl Decider {
 
     /// Makes `config` current; returns its version.
     pub fn apply(&self, config: ConfigSet) -> u64 {
+        // One change at a time, the metrics' map after the enforcer's: the map never stays on
+        // an older version than the one deciding.
+        let _one_at_a_time = self.applying.lock();
         let v = self.enforcer.apply(config);
         self.metrics.apply(&self.enforcer.snapshot());
         v

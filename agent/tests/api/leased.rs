@@ -241,6 +241,10 @@ async fn allocator_stopped_then_emergency_is_bounded_and_counted() {
         headers.iter().any(|(k, _)| k == "retry-after"),
         "{headers:?}"
     );
+    // Through HTTP the denial says it is the outage's, not the contract's.
+    let (status, _, body) = http_check(r, "fleet", "f").await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(body["reason"], "allocator_unreachable", "{body}");
     let c = &r.decider.enforcer().book().counters;
     assert_eq!(c.emergency_admits.load(Ordering::Relaxed), 1);
     let after = r.decider.enforcer().book().overshoot_bound();

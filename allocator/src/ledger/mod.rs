@@ -617,16 +617,19 @@ impl Ledger {
             })
             .collect();
         let limit = match rule.limit {
+            // The rule's own parameters: the key's bucket takes a changed policy's only at its
+            // next Acquire or Decide.
             allot_common::config::RuleLimit::Limited {
                 requests_per_unit,
                 unit,
                 unit_multiplier,
+                params,
                 ..
             } => Some(StatusLimit {
                 requests_per_unit,
                 unit: unit.envoy_name().to_string(),
                 unit_multiplier,
-                capacity_tokens: ks.global.params.capacity() / MICROS_PER_TOKEN,
+                capacity_tokens: params.capacity() / MICROS_PER_TOKEN,
             }),
             allot_common::config::RuleLimit::Unlimited => None,
         };

@@ -531,8 +531,9 @@ fn regions(
         let share_ppm = region_share_ppm(cx, r, &rp, rpu)?;
         total_ppm += u64::from(share_ppm);
         if total_ppm > u64::from(PPM) {
-            // Tenths of a percent, rounded down (still above 100.0).
-            let (whole, tenth) = (total_ppm / 10_000, total_ppm % 10_000 / 1_000);
+            // Tenths of a percent, rounded up: above 100.0 as the total is.
+            let tenths = total_ppm.div_ceil(1_000);
+            let (whole, tenth) = (tenths / 10, tenths % 10);
             return Err(cx.invalid(
                 &rp,
                 r.share.as_ref().or(r.rate.as_ref()),
@@ -655,7 +656,7 @@ mod tests {
         let e = err("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 900, regions: [{region: a, rate: 500}, {region: b, rate: 400}, {region: c, rate: 100}]}\n");
         assert!(
             e.contains("rate_limit.regions[2]")
-                && e.contains("111.1% of the policy's 900 per unit")
+                && e.contains("111.2% of the policy's 900 per unit")
                 && e.contains("(got 100)"),
             "{e}"
         );

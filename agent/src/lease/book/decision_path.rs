@@ -401,13 +401,14 @@ impl LeaseBook {
             (d, a)
         });
         let Some(a) = spent else {
-            // A peek or the emergency pace's denial answers as the bucket does; a reserve
-            // taken by a racing decision leaves the failure-mode denial.
+            // A peek or the emergency pace's denial answers as the bucket does (a denial of the
+            // outage's pace, not of the contract); a reserve taken by a racing decision leaves
+            // the failure-mode denial.
             return (!take || !d.allowed).then_some(GlobalDecision {
                 decision: d,
                 reservation: None,
                 cold: false,
-                unreachable: false,
+                unreachable: !d.allowed,
             });
         };
         v.emergency_admitted.fetch_add(cost, Ordering::Relaxed);
