@@ -36,8 +36,8 @@ pub enum Reason {
     /// by an agent, which holds the slots; the limiter itself never answers it.
     ConcurrencyLimit,
     /// Denied by the rule's failure mode (design §7): the agent could not reach the allocator
-    /// for the key and had nothing of its own to spend (`failure_mode: deny`, or the emergency
-    /// reserve spent). Says nothing about the contract; set from an agent's lease answer.
+    /// for the key (`failure_mode: deny`; `emergency`: its reserve spent or its pace reached).
+    /// Says nothing about the contract; set from an agent's lease answer.
     AllocatorUnreachable,
 }
 
