@@ -156,24 +156,18 @@ impl PolicyFiles {
             seen.changing = Some(read);
             return self.counted(Reload::Changing);
         } else {
-            match &read {
-                Ok(docs) => match self.apply(docs) {
-                    Ok(version) => {
-                        seen.current = docs.clone();
-                        seen.refused = None;
-                        Reload::Applied { version }
-                    }
-                    Err(error) => {
-                        seen.refused = Some((read.clone(), error.clone()));
-                        Reload::Rejected {
-                            error,
-                            repeated: false,
-                        }
-                    }
-                },
-                Err(e) => {
-                    let error = ReloadError::from(e.clone());
-                    seen.refused = Some((read.clone(), error.clone()));
+            let applied = read.clone().map_err(ReloadError::from).and_then(|docs| {
+                let version = self.apply(&docs)?;
+                Ok((docs, version))
+            });
+            match applied {
+                Ok((docs, version)) => {
+                    seen.current = docs;
+                    seen.refused = None;
+                    Reload::Applied { version }
+                }
+                Err(error) => {
+                    seen.refused = Some((read, error.clone()));
                     Reload::Rejected {
                         error,
                         repeated: false,

@@ -22,7 +22,7 @@ use super::close::close_all;
 use super::dispatch::{Answer, Dispatcher, MAX_BATCH_ITEMS, MAX_CALLS_IN_FLIGHT};
 use super::queue::{Pending, WorkQueue};
 use super::settings::LeaseSettings;
-use allot_common::keyed::Keyed;
+use allot_common::keyed::{Keyed, ShardedTable};
 use allot_common::units::{per_second, Micros, Nanos, MICROS_PER_TOKEN};
 use allot_proto::allot::v1 as pb;
 use parking_lot::Mutex;
@@ -181,23 +181,14 @@ impl LeaseManager {
             now.saturating_sub(prev)
         };
         let tables = self.book.tables();
-        // In key order, not the tables' (randomly seeded) hash order: the work is queued, and
-        // allocation ids assigned, in the same order on every run of a simulation (issue 12).
-        let mut keys: Vec<_> = tables.iter().flat_map(|t| t.snapshot()).collect();
-        keys.sort_by(|a, b| (&a.value.domain, a.key()).cmp(&(&b.value.domain, b.key())));
-        for kl in keys {
+        for kl in in_key_order(&tables) {
             measure(&kl.value, elapsed, ms(kl.value.sizing.ttl_ms().max(1)));
             self.settle_key(&kl, now);
         }
-        let mut retired: Vec<_> = self
-            .book
-            .retired_tables()
-            .iter()
-            .flat_map(|t| t.snapshot())
-            .collect();
-        retired.sort_by(|a, b| (&a.value.domain, a.key()).cmp(&(&b.value.domain, b.key())));
-        for kl in retired {
-            self.release_key(&kl, now);
+        // Keys of rules no longer leased: every allocation is finished (see
+        // `LeaseBook::retired_tables`).
+        for kl in in_key_order(&self.book.retired_tables()) {
+            self.settle_allocations(&kl, now, |_| true);
         }
         for table in tables {
             let idle = ms(self.book.settings().idle_evict_ms);
@@ -210,13 +201,22 @@ impl LeaseManager {
         }
     }
 
-    /// Queues the Release of every allocation of a key whose rule is no longer leased (see
-    /// [`LeaseBook::retired_tables`]); an allocation the allocator must have expired by now
-    /// (never released: it was unreachable) is dropped, as in [`settle_key`](Self::settle_key).
-    fn release_key(&self, kl: &Arc<Keyed<KeyLease>>, now: Nanos) {
+    /// Queues a Release for each allocation of the key that is `finished`, a Report for each
+    /// other one with unreported spend; drops a finished one the allocator must have expired by
+    /// now (never released: it was unreachable).
+    fn settle_allocations(
+        &self,
+        kl: &Arc<Keyed<KeyLease>>,
+        now: Nanos,
+        finished: impl Fn(&HeldAllocation) -> bool,
+    ) {
         let dead_after = ms(self.book.settings().drift_margin_ms).saturating_mul(4);
         for a in kl.value.allocations().iter() {
-            if now >= a.deadline.saturating_add(dead_after) {
+            if !finished(a) {
+                if a.spent() > a.reported() {
+                    self.enqueue_allocation(Pending::Report(kl.clone(), a.clone()));
+                }
+            } else if now >= a.deadline.saturating_add(dead_after) {
                 kl.value.protocol.remove(a.id);
             } else {
                 self.enqueue_allocation(Pending::Release(kl.clone(), a.clone()));
@@ -228,26 +228,17 @@ impl LeaseManager {
     /// expired, returns what an idle key holds, demotes a cooled key, and prefetches.
     fn settle_key(&self, kl: &Arc<Keyed<KeyLease>>, now: Nanos) {
         let v = &kl.value;
-        let dead_after = ms(self.book.settings().drift_margin_ms).saturating_mul(4);
         let idle = idle_for_return(self.book.settings(), v, now);
-        for a in v.allocations().iter() {
-            // An idle key's allocations are released early (issue 9 item 6): closed when the
-            // Release is composed, so what they did not spend is grantable elsewhere now
-            // rather than at expiry.
-            let finished = a.is_expired(now)
+        // An idle key's allocations are released early (issue 9 item 6): closed when the
+        // Release is composed, so what they did not spend is grantable elsewhere now rather
+        // than at expiry.
+        self.settle_allocations(kl, now, |a| {
+            a.is_expired(now)
                 || a.spent() >= a.granted
                 || a.is_closed()
                 || idle
-                || a.spent_all_it_can(now);
-            if finished && now >= a.deadline.saturating_add(dead_after) {
-                // Never released (unreachable allocator): it has expired there by now.
-                v.protocol.remove(a.id);
-            } else if finished {
-                self.enqueue_allocation(Pending::Release(kl.clone(), a.clone()));
-            } else if a.spent() > a.reported() {
-                self.enqueue_allocation(Pending::Report(kl.clone(), a.clone()));
-            }
-        }
+                || a.spent_all_it_can(now)
+        });
         if self.book.is_central(v) {
             return;
         }
@@ -424,6 +415,15 @@ impl LeaseManager {
             }
         }
     }
+}
+
+/// The keys of `tables` in key order, not the tables' (randomly seeded) hash order: the work
+/// is queued, and allocation ids assigned, in the same order on every run of a simulation
+/// (issue 12).
+fn in_key_order(tables: &[Arc<ShardedTable<KeyLease>>]) -> Vec<Arc<Keyed<KeyLease>>> {
+    let mut keys: Vec<_> = tables.iter().flat_map(|t| t.snapshot()).collect();
+    keys.sort_by(|a, b| (&a.value.domain, a.key()).cmp(&(&b.value.domain, b.key())));
+    keys
 }
 
 /// Measures the key's demand over the last pass (`elapsed` ns), µtokens per second: the load
