@@ -50,6 +50,8 @@ pub struct HeldAllocation {
     pub base: Micros,
     /// Rate accrued, microtokens per second (0: none).
     pub rate_per_s: u64,
+    /// The agent's own pace of spending the grant, if any (see [`paced`](Self::paced)).
+    pub pace: Option<Pace>,
     /// When accrual starts, ns on the agent's clock: 1 ms after the grant was received, so
     /// it never starts before the allocator's millisecond stamp of the grant.
     pub accrual_start: Nanos,
@@ -98,6 +100,7 @@ impl HeldAllocation {
             granted,
             base: granted,
             rate_per_s: 0,
+            pace: None,
             accrual_start: deadline,
             deadline,
             expires_at_unix_ms,
@@ -122,6 +125,38 @@ impl HeldAllocation {
         self
     }
 
+    /// The same allocation spent at a pace: `at_once` microtokens from `received` (ns), the
+    /// rest of the grant released evenly over the next `pace_ns` ns, all of it at the pace's
+    /// end; unchanged without a rest or a pace, or with a rate (the allocator's rate paces it
+    /// already).
+    ///
+    /// For a grant short of its ask after an answer that was short too: the key is over its
+    /// limit, and its grants are what the allocator's bucket refilled since the last ask. The
+    /// ideal central counter hands that refill out as it comes, so its cheap requests get in
+    /// between the dear ones; spent at once, the same tokens went to whatever arrived first
+    /// (weighted costs 1/2/4/8: as many tokens as the ideal, 3 % fewer requests). Paced over
+    /// the time to the next ask (the short-grant hold), the agent admits the mix the central
+    /// counter does. The allocator counts the grant whole and nothing it knows of changes (the
+    /// base, the reports, the overshoot bound); what the deadline leaves unspent goes back with
+    /// the Release like any unspent token.
+    pub fn paced(mut self, received: Nanos, pace_ns: Nanos, at_once: Micros) -> Self {
+        let at_once = at_once.min(self.granted);
+        let rest = self.granted - at_once;
+        if rest == 0 || pace_ns == 0 || self.rate_per_s > 0 {
+            return self;
+        }
+        // ⌈rest / pace⌉ per second, saturating: all of it is released at the end anyway.
+        let per_s = (u128::from(rest) * u128::from(allot_common::units::NANOS_PER_SEC))
+            .div_ceil(u128::from(pace_ns));
+        self.pace = Some(Pace {
+            at_once,
+            per_s: u64::try_from(per_s).unwrap_or(u64::MAX),
+            start: received,
+            end: received.saturating_add(pace_ns),
+        });
+        self
+    }
+
     /// The same allocation, granted by the ledger incarnation `incarnation`.
     pub fn with_incarnation(mut self, incarnation: u64) -> Self {
         self.incarnation = incarnation;
@@ -140,6 +175,9 @@ impl HeldAllocation {
     /// the accrual's end), never more than `granted`. Integer ns, rounded down.
     #[inline]
     pub fn limit_at(&self, now: Nanos) -> Micros {
+        if let Some(p) = &self.pace {
+            return p.released(now).min(self.granted);
+        }
         if self.rate_per_s == 0 {
             return self.granted;
         }
@@ -154,8 +192,12 @@ impl HeldAllocation {
         self.rate_per_s > 0 && !self.accrues(now) && self.remaining_by(now, u64::MAX) == 0
     }
 
-    /// Whether its rate still accrues at `now` (a rate, before the accrual's end).
+    /// Whether its rate still accrues at `now` (a rate, before the accrual's end), or its
+    /// pace still releases it.
     pub fn accrues(&self, now: Nanos) -> bool {
+        if let Some(p) = &self.pace {
+            return now < p.end;
+        }
         self.rate_per_s > 0 && now < self.accrual_end.load(Ordering::Acquire)
     }
 
@@ -175,12 +217,18 @@ impl HeldAllocation {
             .spent()
             .saturating_add(self.reserve())
             .saturating_add(cost);
+        if let Some(p) = &self.pace {
+            let at = p.release_at(used);
+            return (at < self.deadline && used <= self.granted).then(|| at.saturating_sub(now));
+        }
         let need = used.saturating_sub(self.base);
         // The first ns at which ⌊rate · t / 10⁹⌋ ≥ need, counted from the accrual's start.
         let t = Rate::per_second(self.rate_per_s).time_for(need);
         let at = self.accrual_start.saturating_add(t);
-        (at < self.accrual_end.load(Ordering::Acquire) && used <= self.granted)
-            .then(|| at.saturating_sub(now))
+        // What has accrued at the accrual's end is spendable then (`limit_at`), before the
+        // deadline.
+        let by_end = at <= self.accrual_end.load(Ordering::Acquire) && at < self.deadline;
+        (by_end && used <= self.granted).then(|| at.saturating_sub(now))
     }
 
     /// The emergency reserve still held back, microtokens.
@@ -363,6 +411,38 @@ impl HeldAllocation {
             self.id,
             self.granted
         );
+    }
+}
+
+/// The agent's own pace of spending a grant ([`HeldAllocation::paced`]): `at_once` from `start`,
+/// then `per_s` until `end`, when all of it is released.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pace {
+    /// Microtokens released at `start`.
+    pub at_once: Micros,
+    /// Microtokens released per second after `start`.
+    pub per_s: u64,
+    /// When the pace starts, ns on the agent's clock.
+    pub start: Nanos,
+    /// When everything is released, ns on the agent's clock.
+    pub end: Nanos,
+}
+
+impl Pace {
+    /// Microtokens released by `now`, rounded down (`u64::MAX` from the end on).
+    pub fn released(&self, now: Nanos) -> Micros {
+        if now >= self.end {
+            return u64::MAX;
+        }
+        self.at_once
+            .saturating_add(accrued(self.per_s, now.saturating_sub(self.start)))
+    }
+
+    /// The first ns at which `total` microtokens are released (the end at the latest).
+    pub fn release_at(&self, total: Micros) -> Nanos {
+        let need = total.saturating_sub(self.at_once);
+        let t = Rate::per_second(self.per_s).time_for(need);
+        self.start.saturating_add(t).min(self.end)
     }
 }
 
@@ -627,5 +707,73 @@ mod accrual_tests {
         // No rate: the grant is spendable at once, as before.
         let d = HeldAllocation::new(1, 1, T, 5, 0, 1).with_rate(0, 0, 0);
         assert_eq!((d.limit_at(0), d.accrual_wait(1, 0)), (T, None));
+    }
+
+    /// A paced grant: 1 token at once, the other 7 evenly over 125 ms from its receipt; the
+    /// whole grant is spendable at the pace's end, a later Acquire does not end the pace, and
+    /// what the allocator knows of the grant (granted, base, rate) never changes.
+    #[test]
+    fn a_paced_grant_releases_its_rest_evenly_over_the_pace() {
+        let ms = S / 1000;
+        let t0 = 10 * S;
+        let a = HeldAllocation::new(1, 1, 8 * T, 15 * S, 0, 1).paced(t0, 125 * ms, T);
+        assert_eq!((a.granted, a.base, a.rate_per_s), (8 * T, 8 * T, 0));
+        let p = a.pace.expect("paced");
+        assert_eq!((p.at_once, p.per_s), (T, 56 * T), "7 tokens over 125 ms");
+        assert_eq!(a.limit_at(t0), T);
+        assert!(a.try_spend(T, t0));
+        assert!(!a.try_spend(T, t0), "the next token is released first");
+        assert_eq!(a.accrual_wait(T, t0), Some(S / 56 + 1));
+        assert_eq!(
+            a.accrual_wait(7 * T, t0),
+            Some(125 * ms),
+            "the rest at the end"
+        );
+        assert_eq!(a.accrual_wait(8 * T, t0), None, "more than the grant");
+        // 3.5 tokens released at 62.5 ms: 4.5 in all, rounded down.
+        assert_eq!(a.limit_at(t0 + 62 * ms + ms / 2), 4 * T + T / 2);
+        // A later Acquire of the key (the freeze) leaves the pace alone.
+        a.freeze_accrual(t0 + 63 * ms);
+        assert!(a.accrues(t0 + 100 * ms));
+        assert_eq!(
+            a.limit_at(t0 + 125 * ms),
+            8 * T,
+            "all of it at the pace's end"
+        );
+        assert!(!a.accrues(t0 + 125 * ms));
+        assert!(a.try_spend(7 * T, t0 + 125 * ms));
+        assert_eq!(a.limit_at(u64::MAX), 8 * T);
+    }
+
+    #[test]
+    fn a_pace_changes_nothing_without_a_rest_or_with_a_rate_and_stops_at_the_deadline() {
+        let ms = S / 1000;
+        // One token, or no pace: spendable at once.
+        let one = HeldAllocation::new(1, 1, T, 5 * S, 0, 1).paced(0, 125 * ms, T);
+        assert_eq!((one.pace, one.limit_at(0)), (None, T));
+        let none = HeldAllocation::new(1, 1, 8 * T, 5 * S, 0, 1).paced(0, 0, T);
+        assert_eq!((none.pace, none.limit_at(0)), (None, 8 * T));
+        // The allocator's rate is left as granted.
+        let r = rated().paced(10 * S, 125 * ms, T);
+        assert_eq!((r.pace, r.base, r.rate_per_s), (None, 2 * T, 3 * T));
+        // A pace longer than the lease: what is not released by the deadline is never spent
+        // (it goes back with the Release), and no wait points past the deadline.
+        let d = HeldAllocation::new(1, 1, 10 * T, 100 * ms, 0, 1).paced(0, 200 * ms, 0);
+        assert_eq!(d.limit_at(99 * ms), 4 * T + 950_000);
+        assert_eq!(d.remaining(100 * ms), 0);
+        assert_eq!(d.accrual_wait(6 * T, 0), None);
+        // Extremes: a rate past u64 saturates and all is released at the end; a receipt at
+        // the top of the clock never wraps.
+        let big = HeldAllocation::new(1, 1, u64::MAX, u64::MAX, 0, 1).paced(0, 1, 0);
+        assert_eq!(big.pace.map(|p| p.per_s), Some(u64::MAX));
+        assert_eq!((big.limit_at(0), big.limit_at(1)), (0, MAX_HELD_GRANT));
+        assert_eq!(big.accrual_wait(MAX_HELD_GRANT, 0), Some(1));
+        let late = HeldAllocation::new(1, 1, 8 * T, u64::MAX, 0, 1).paced(u64::MAX - 1, S, T);
+        assert_eq!(late.limit_at(u64::MAX - 1), T);
+        assert_eq!(
+            late.limit_at(u64::MAX),
+            8 * T,
+            "the end saturates at the clock's"
+        );
     }
 }

@@ -570,6 +570,17 @@ fn applied_acquire(
             let deadline = sent_at
                 .saturating_add(ms(g.ttl_ms))
                 .saturating_sub(ms(s.drift_margin_ms));
+            // Grants are whole tokens: only a grant below the whole tokens asked is short.
+            let short = g.granted < asked - asked % MICROS_PER_TOKEN;
+            let hold = v.sizing.short_grant_hold_ns(ms(s.report_interval_ms));
+            // Short again: the grant is the allocator's refill since the last ask, paced over
+            // the hold as the central counter would hand it out, for a key whose requests
+            // differ in cost (`HeldAllocation::paced`, `CostMix`).
+            let pace = if short && v.protocol.last_grant_short() && v.denied_mix.differs() {
+                hold
+            } else {
+                0
+            };
             let a = HeldAllocation::new(
                 g.allocation_id,
                 g.epoch,
@@ -580,14 +591,9 @@ fn applied_acquire(
             )
             .with_incarnation(g.incarnation)
             .with_rate(g.rate_per_s, now, g.promised)
+            .paced(now, pace, MICROS_PER_TOKEN)
             .with_reserve(v.sizing.emergency_reserve(g.granted, s.emergency_ppm));
-            // Grants are whole tokens: only a grant below the whole tokens asked is short.
-            let short = g.granted < asked - asked % MICROS_PER_TOKEN;
-            let denied_until = if short {
-                now.saturating_add(v.sizing.short_grant_hold_ns(ms(s.report_interval_ms)))
-            } else {
-                0
-            };
+            let denied_until = if short { now.saturating_add(hold) } else { 0 };
             v.protocol.install_answer(Arc::new(a), denied_until, short);
         }
         Answer::Done(Outcome::Acquire(pb::AcquireResponse {
