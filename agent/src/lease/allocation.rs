@@ -1,6 +1,7 @@
 //! One allocation held by the agent: a batch of spendable microtokens, spent with atomics on the
 //! hot path (seed §21, §31 step 6), closed before its final spend is read (issue 10 item 3).
 
+use super::pace::Pace;
 use allot_common::algorithm::Rate;
 use allot_common::units::{Micros, Nanos};
 use parking_lot::Mutex;
@@ -117,6 +118,7 @@ impl HeldAllocation {
     /// never more than `promised` (what the allocator counts for the rate): its `granted` grows
     /// by what can accrue in that time (design §9).
     pub fn with_rate(mut self, rate_per_s: u64, received: Nanos, promised: Micros) -> Self {
+        debug_assert!(self.pace.is_none(), "a rate is granted before any pace");
         let start = received.saturating_add(ACCRUAL_DELAY_NS);
         self.rate_per_s = rate_per_s;
         self.accrual_start = start;
@@ -125,35 +127,24 @@ impl HeldAllocation {
         self
     }
 
-    /// The same allocation spent at a pace: `at_once` microtokens from `received` (ns), the
-    /// rest of the grant released evenly over the next `pace_ns` ns, all of it at the pace's
-    /// end; unchanged without a rest or a pace, or with a rate (the allocator's rate paces it
-    /// already).
+    /// The same allocation spent at a pace ([`Pace`]): `at_once` microtokens from `received`
+    /// (ns), the rest of the grant released evenly over the next `pace_ns` ns, all of it at the
+    /// pace's end. Unchanged without a rest or a pace, with a rate (the allocator's rate paces
+    /// it already), or when the pace would outlast the local deadline (what it had not released
+    /// by then would never be spent).
     ///
-    /// For a grant short of its ask after an answer that was short too: the key is over its
-    /// limit, and its grants are what the allocator's bucket refilled since the last ask. The
-    /// ideal central counter hands that refill out as it comes, so its cheap requests get in
-    /// between the dear ones; spent at once, the same tokens went to whatever arrived first
-    /// (weighted costs 1/2/4/8: as many tokens as the ideal, 3 % fewer requests). Paced over
-    /// the time to the next ask (the short-grant hold), the agent admits the mix the central
-    /// counter does. The allocator counts the grant whole and nothing it knows of changes (the
-    /// base, the reports, the overshoot bound); what the deadline leaves unspent goes back with
-    /// the Release like any unspent token.
+    /// For a grant short of its ask after an answer that was short too (`manager`): the key is
+    /// over its limit, and such a grant is mostly what the allocator's bucket refilled since
+    /// the last ask. The ideal central counter hands that refill out as it comes, so its cheap
+    /// requests get in between the dear ones; spent at once, the same tokens went to whatever
+    /// arrived first (weighted costs 1/2/4/8: as many tokens as the ideal, 3 % fewer
+    /// requests). The allocator counts the grant whole and nothing it knows of changes (base,
+    /// rate, reports, the overshoot bound); what is unspent goes back with the Release.
     pub fn paced(mut self, received: Nanos, pace_ns: Nanos, at_once: Micros) -> Self {
-        let at_once = at_once.min(self.granted);
-        let rest = self.granted - at_once;
-        if rest == 0 || pace_ns == 0 || self.rate_per_s > 0 {
+        if self.rate_per_s > 0 || received.saturating_add(pace_ns) > self.deadline {
             return self;
         }
-        // ⌈rest / pace⌉ per second, saturating: all of it is released at the end anyway.
-        let per_s = (u128::from(rest) * u128::from(allot_common::units::NANOS_PER_SEC))
-            .div_ceil(u128::from(pace_ns));
-        self.pace = Some(Pace {
-            at_once,
-            per_s: u64::try_from(per_s).unwrap_or(u64::MAX),
-            start: received,
-            end: received.saturating_add(pace_ns),
-        });
+        self.pace = Pace::new(self.granted, at_once, received, pace_ns);
         self
     }
 
@@ -172,7 +163,8 @@ impl HeldAllocation {
     }
 
     /// Most it may have spent by `now`: the base plus what its rate accrued until `now` (or
-    /// the accrual's end), never more than `granted`. Integer ns, rounded down.
+    /// the accrual's end), or what its pace released by `now`; never more than `granted`.
+    /// Integer ns, rounded down.
     #[inline]
     pub fn limit_at(&self, now: Nanos) -> Micros {
         if let Some(p) = &self.pace {
@@ -196,7 +188,7 @@ impl HeldAllocation {
     /// pace still releases it.
     pub fn accrues(&self, now: Nanos) -> bool {
         if let Some(p) = &self.pace {
-            return now < p.end;
+            return p.releasing(now);
         }
         self.rate_per_s > 0 && now < self.accrual_end.load(Ordering::Acquire)
     }
@@ -207,8 +199,9 @@ impl HeldAllocation {
         self.accrual_end.fetch_min(now, Ordering::AcqRel);
     }
 
-    /// How long until `cost` more microtokens can be spent from what accrues (`None`: never,
-    /// the accrual ends first or there is no rate).
+    /// How long until `cost` more microtokens can be spent from what accrues or the pace
+    /// releases (`None`: never, the accrual ends or the deadline comes first, or there is no
+    /// rate nor pace).
     pub fn accrual_wait(&self, cost: Micros, now: Nanos) -> Option<Nanos> {
         if !self.accrues(now) {
             return None;
@@ -414,38 +407,6 @@ impl HeldAllocation {
     }
 }
 
-/// The agent's own pace of spending a grant ([`HeldAllocation::paced`]): `at_once` from `start`,
-/// then `per_s` until `end`, when all of it is released.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Pace {
-    /// Microtokens released at `start`.
-    pub at_once: Micros,
-    /// Microtokens released per second after `start`.
-    pub per_s: u64,
-    /// When the pace starts, ns on the agent's clock.
-    pub start: Nanos,
-    /// When everything is released, ns on the agent's clock.
-    pub end: Nanos,
-}
-
-impl Pace {
-    /// Microtokens released by `now`, rounded down (`u64::MAX` from the end on).
-    pub fn released(&self, now: Nanos) -> Micros {
-        if now >= self.end {
-            return u64::MAX;
-        }
-        self.at_once
-            .saturating_add(accrued(self.per_s, now.saturating_sub(self.start)))
-    }
-
-    /// The first ns at which `total` microtokens are released (the end at the latest).
-    pub fn release_at(&self, total: Micros) -> Nanos {
-        let need = total.saturating_sub(self.at_once);
-        let t = Rate::per_second(self.per_s).time_for(need);
-        self.start.saturating_add(t).min(self.end)
-    }
-}
-
 /// Σ [`remaining`](HeldAllocation::remaining) over `allocs` at `now`: what a key holding them
 /// can still spend, below the emergency reserves (the `remaining` of a decision's answer).
 #[inline]
@@ -620,7 +581,8 @@ mod tests {
 }
 
 /// Rate-carrying allocations (design §9): accrual is exact in integer ns, starts 1 ms after the
-/// grant was received, stops at the local deadline or the freeze, and never exceeds the grant.
+/// grant was received, stops at the local deadline or the freeze, and never exceeds the grant;
+/// and paced grants (the agent's own pace, `pace.rs`).
 #[cfg(test)]
 mod accrual_tests {
     use super::*;
@@ -679,6 +641,9 @@ mod accrual_tests {
         );
         assert!(!a.accrues(start + S));
         assert_eq!(a.accrual_wait(T, start + S), None);
+        // What accrued by the freeze is spendable at it: 2 + 3 tokens at exactly 1 s.
+        assert_eq!(a.accrual_wait(5 * T, start + S / 2), Some(S / 2));
+        assert_eq!(a.accrual_wait(5 * T + 1, start + S / 2), None);
         assert_eq!(a.accrual_wait(T, start), Some(0), "the base covers it");
         assert!(!a.spent_all_it_can(start + S));
         assert!(a.try_spend(5 * T, start + S));
@@ -756,24 +721,14 @@ mod accrual_tests {
         // The allocator's rate is left as granted.
         let r = rated().paced(10 * S, 125 * ms, T);
         assert_eq!((r.pace, r.base, r.rate_per_s), (None, 2 * T, 3 * T));
-        // A pace longer than the lease: what is not released by the deadline is never spent
-        // (it goes back with the Release), and no wait points past the deadline.
+        // A pace that would outlast the lease is none: the grant is spendable at once.
         let d = HeldAllocation::new(1, 1, 10 * T, 100 * ms, 0, 1).paced(0, 200 * ms, 0);
-        assert_eq!(d.limit_at(99 * ms), 4 * T + 950_000);
-        assert_eq!(d.remaining(100 * ms), 0);
-        assert_eq!(d.accrual_wait(6 * T, 0), None);
-        // Extremes: a rate past u64 saturates and all is released at the end; a receipt at
-        // the top of the clock never wraps.
+        assert_eq!((d.pace, d.limit_at(0)), (None, 10 * T));
+        let fits = HeldAllocation::new(1, 1, 10 * T, 100 * ms, 0, 1).paced(0, 100 * ms, 0);
+        assert_eq!(fits.limit_at(99 * ms), 9 * T + 900_000);
+        // The largest grant over 1 ns: all of it at the end.
         let big = HeldAllocation::new(1, 1, u64::MAX, u64::MAX, 0, 1).paced(0, 1, 0);
-        assert_eq!(big.pace.map(|p| p.per_s), Some(u64::MAX));
         assert_eq!((big.limit_at(0), big.limit_at(1)), (0, MAX_HELD_GRANT));
         assert_eq!(big.accrual_wait(MAX_HELD_GRANT, 0), Some(1));
-        let late = HeldAllocation::new(1, 1, 8 * T, u64::MAX, 0, 1).paced(u64::MAX - 1, S, T);
-        assert_eq!(late.limit_at(u64::MAX - 1), T);
-        assert_eq!(
-            late.limit_at(u64::MAX),
-            8 * T,
-            "the end saturates at the clock's"
-        );
     }
 }

@@ -130,6 +130,14 @@ impl LeaseSizing {
         self.token_ns.load(Ordering::Relaxed)
     }
 
+    /// Microtokens the rule's rate refills over `ns` nanoseconds, rounded down (whole tokens'
+    /// time, so never more than the rate gives; saturating).
+    pub fn refill_over(&self, ns: Nanos) -> Micros {
+        let per_token = u128::from(self.token_ns().max(1));
+        let m = u128::from(MICROS_PER_TOKEN) * u128::from(ns) / per_token;
+        u64::try_from(m).unwrap_or(u64::MAX)
+    }
+
     /// How long a key waits before asking again after a grant short of its ask, ns: an eighth
     /// of the time the rule's rate takes to refill its capacity, at most an eighth of
     /// `report_interval` (ns), at least one token's refill time.
@@ -312,5 +320,31 @@ mod tests {
         // It follows the rule.
         fast.follow(&rule(1_000 * t, 1_000 * t));
         assert_eq!(fast.short_grant_hold_ns(second), 125_000_000);
+    }
+
+    #[test]
+    fn refill_over_a_time_is_whole_tokens_time_rounded_down_and_saturates() {
+        let t = MICROS_PER_TOKEN;
+        let rule = |per_s: u64| KeyRule {
+            params: LimitParams::TokenBucket {
+                capacity: 100 * t,
+                rate: Rate::per_second(per_s),
+            },
+            failure_mode: FailureMode::Deny,
+            fuse: None,
+            max_grant: 100 * t,
+            ttl_ms: 2_000,
+        };
+        let ms = 1_000_000;
+        // 100/s: a token every 10 ms; a hold of 125 ms refills 12.5 tokens.
+        let tenants = LeaseSizing::new(&rule(100 * t));
+        assert_eq!(tenants.refill_over(125 * ms), 12 * t + t / 2);
+        assert_eq!(tenants.refill_over(0), 0);
+        // 3/s: a token every 333,333,334 ns (rounded up), so a second refills a little under 3.
+        let slow = LeaseSizing::new(&rule(3 * t));
+        assert_eq!(slow.refill_over(1_000 * ms), 2_999_999);
+        // Extremes saturate.
+        let fast = LeaseSizing::new(&rule(u64::MAX));
+        assert_eq!(fast.refill_over(u64::MAX), u64::MAX);
     }
 }

@@ -542,6 +542,25 @@ fn want(v: &KeyLease, s: &LeaseSettings, waiting: Micros) -> (Micros, u64) {
     (now, rate)
 }
 
+/// How a new grant of `granted` µtok for `v` is spent, as (pace ns, µtok at once; see
+/// [`HeldAllocation::paced`]): when it is `short` of its ask, the previous answer was short too
+/// and the key's denied requests differ in cost ([`CostMix`]), over the short-grant hold `hold`
+/// (ns), the key's next ask, with all but one hold's refill of the rule's rate at once (at
+/// least one token); spent at once otherwise (a pace of 0).
+///
+/// Short again, the grant is mostly what the allocator's bucket refilled since the last ask,
+/// which the central counter would have handed out as it came; anything beyond one hold's
+/// refill gathered over a pause or a longer denial, and a burst may take it at once there too.
+///
+/// [`CostMix`]: super::cost_mix::CostMix
+fn pace_of(v: &KeyLease, short: bool, hold: Nanos, granted: Micros) -> (Nanos, Micros) {
+    if !(short && v.protocol.last_grant_short() && v.denied_mix.differs()) {
+        return (0, granted);
+    }
+    let refill = v.sizing.refill_over(hold);
+    (hold, granted.saturating_sub(refill).max(MICROS_PER_TOKEN))
+}
+
 /// An Acquire's answer: install the grant (its lease measured from when the request was sent,
 /// minus the drift margin, so the agent stops spending before the allocator can consider it
 /// expired), remember a denial, or back off. A grant below what the Acquire `asked` (µtokens)
@@ -549,7 +568,8 @@ fn want(v: &KeyLease, s: &LeaseSettings, waiting: Micros) -> (Micros, u64) {
 /// quota ran out): the rest is denied for [`LeaseSizing::short_grant_hold_ns`] (an eighth of
 /// the bucket's fill time, at most an eighth of a report interval), so the requests it does not cover
 /// are denied at once, as the central counter denies them, and the next ask finds a lump worth
-/// a Raft entry instead of one token.
+/// a Raft entry instead of one token. A grant short again may be spent at a pace over that
+/// hold ([`pace_of`]).
 ///
 /// [`LeaseSizing::short_grant_hold_ns`]: super::key_rule::LeaseSizing::short_grant_hold_ns
 fn applied_acquire(
@@ -573,14 +593,7 @@ fn applied_acquire(
             // Grants are whole tokens: only a grant below the whole tokens asked is short.
             let short = g.granted < asked - asked % MICROS_PER_TOKEN;
             let hold = v.sizing.short_grant_hold_ns(ms(s.report_interval_ms));
-            // Short again: the grant is the allocator's refill since the last ask, paced over
-            // the hold as the central counter would hand it out, for a key whose requests
-            // differ in cost (`HeldAllocation::paced`, `CostMix`).
-            let pace = if short && v.protocol.last_grant_short() && v.denied_mix.differs() {
-                hold
-            } else {
-                0
-            };
+            let (pace, at_once) = pace_of(v, short, hold, g.granted);
             let a = HeldAllocation::new(
                 g.allocation_id,
                 g.epoch,
@@ -591,7 +604,7 @@ fn applied_acquire(
             )
             .with_incarnation(g.incarnation)
             .with_rate(g.rate_per_s, now, g.promised)
-            .paced(now, pace, MICROS_PER_TOKEN)
+            .paced(now, pace, at_once)
             .with_reserve(v.sizing.emergency_reserve(g.granted, s.emergency_ppm));
             let denied_until = if short { now.saturating_add(hold) } else { 0 };
             v.protocol.install_answer(Arc::new(a), denied_until, short);

@@ -529,11 +529,11 @@ fn a_paced_grant_admits_cheap_requests_as_it_accrues_and_asks_nothing() {
     decide(&r, &acme, None);
     let kl = key(&r, &acme, 0);
     let now = r.clock_now();
-    // 8 tokens: 1 at once, 7 over 100 ms (as the manager paces a grant short again).
+    // 8 tokens: 1 at once, 7 over a hold of 100 ms (as the manager paces a grant short again).
     let paced = HeldAllocation::new(2, 2, 8 * T, now + 5000 * MS, 0, 1).paced(now, 100 * MS, T);
     kl.value
         .protocol
-        .install_answer(Arc::new(paced), now + 400 * MS, true);
+        .install_answer(Arc::new(paced), now + 100 * MS, true);
     while r.events.try_recv().is_ok() {}
     let c = &r.enforcer.book().counters;
     let accrual = || c.accrual_denials.load(Ordering::Relaxed);
@@ -545,17 +545,26 @@ fn a_paced_grant_admits_cheap_requests_as_it_accrues_and_asks_nothing() {
     assert_eq!(accrual(), 1);
     assert_eq!(decide_cost(&r, "acme", 1).0, Code::Ok, "the token at once");
     assert_eq!(decide_cost(&r, "acme", 1).0, Code::OverLimit);
-    // Every 100/7 ms one more token: the cheap requests take them one by one.
-    let mut admitted = 1;
-    for step in 1..=7u64 {
+    // Every 100/7 ms one more token: the cheap requests take them one by one; the dear one
+    // never finds 8 (as at the central counter behind a stream of cheap requests).
+    for step in 1..7u64 {
         r.clock.set(now + (100 * MS * step).div_ceil(7));
         assert_eq!(decide_cost(&r, "acme", 8).0, Code::OverLimit, "step {step}");
         assert_eq!(decide_cost(&r, "acme", 1).0, Code::Ok, "step {step}");
-        admitted += 1;
     }
-    assert_eq!(admitted, 8, "the whole grant, by the pace's end");
     // Accrual denials while the grant could still cover the request; once spent below the
-    // dear request's cost, the key's standing (the short grant's hold) denies it.
+    // dear request's cost, the key's standing (the short grant's hold) denies it. No Acquire
+    // until the hold ends.
     assert_eq!(accrual(), 2);
     assert!(r.events.try_recv().is_err(), "no Acquire while pacing");
+    r.clock.set(now + 100 * MS);
+    assert_eq!(
+        decide_cost(&r, "acme", 1).0,
+        Code::Ok,
+        "the 8th, at the end"
+    );
+    assert_eq!(kl.value.remaining(now + 100 * MS), 0);
+    // The hold over, the next request asks again.
+    assert_eq!(decide_cost(&r, "acme", 1).0, Code::OverLimit);
+    assert!(matches!(r.events.try_recv(), Ok(LeaseEvent::Acquire(_))));
 }

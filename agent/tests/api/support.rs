@@ -535,8 +535,13 @@ impl Drop for Served {
 
 /// [`Served`] by `fake` (reports every 50 ms, waits up to 5 s, calls time out after 2 s).
 pub async fn served(fake: FakeAllocator) -> Served {
+    served_with(fake, TENANT).await
+}
+
+/// [`served`] with `policy` instead of [`TENANT`].
+pub async fn served_with(fake: FakeAllocator, policy: &str) -> Served {
     let (addr, allocator) = fake.serve().await;
-    let mut rig = rig_with(TENANT, &[addr.to_string()], |s| {
+    let mut rig = rig_with(policy, &[addr.to_string()], |s| {
         s.report_interval_ms = 50;
         s.cold_wait_ms = 5_000;
         s.call_timeout_ms = 2_000;

@@ -117,8 +117,9 @@ impl LeaseBook {
         let remaining = total_remaining(allocs, now);
         // Below the watermark the key renews at the next maintenance pass, in that pass's one
         // `Batch` (issue 9: one Raft entry per agent per tick); it asks now only when what is
-        // left will not last until then. A key whose rate still accrues renews at the pass
-        // (design §9): what it spends as it accrues never drives it into an Acquire per token.
+        // left will not last until then. A key whose rate still accrues (or whose paced grant
+        // still releases) renews at the pass (design §9): what it spends as it accrues never
+        // drives it into an Acquire per token.
         if remaining < percent_of(rule.max_grant, self.settings.low_watermark_pct)
             && remaining < self.need_soon(v, cost)
             && !allocs.iter().any(|a| a.accrues(now))
