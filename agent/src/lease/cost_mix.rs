@@ -4,8 +4,8 @@
 use allot_common::units::Micros;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// Whether the requests seen differ in cost: the last cost (microtokens) in the low 63 bits,
-/// and the top bit set for good once a cost differed from the one before it.
+/// Whether the requests seen differ in cost: the first cost noted (microtokens) in the low 63
+/// bits, and the top bit set for good once another cost differs from it.
 ///
 /// A key over its limit with requests of one cost admits the same requests whether its
 /// grants are spent at once or at a pace; with costs that differ, the central counter's
@@ -36,7 +36,7 @@ impl CostMix {
         }
     }
 
-    /// Whether two costs noted one after the other ever differed.
+    /// Whether two noted costs ever differed.
     pub fn differs(&self) -> bool {
         self.0.load(Ordering::Relaxed) & COSTS_DIFFER != 0
     }
