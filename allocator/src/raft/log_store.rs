@@ -134,6 +134,55 @@ where
     }
 }
 
+/// Purged entries removed per sled batch ([`remove_purged`]).
+///
+/// sled applies every batch under one write lock shared by every database of the process
+/// (sled 0.34's `concurrency_control`), the log's appends included, which take it for their own
+/// batches on a runtime thread. Removing a snapshot interval's 5,000 entries in one batch
+/// held it for tens of ms: every node's appends, and the runtime threads doing them, waited,
+/// and each snapshot showed as a 20–60 ms stall of every call (`cargo bench -p allot-allocator
+/// --bench cluster -- --only at-rate --secs 60`: p99 13–15 ms with the removal, 6–7 ms
+/// without it; docs/benchmarks.md). 64 entries take well under a millisecond.
+pub const PURGE_CHUNK: usize = 64;
+
+/// The pause between two chunks of [`remove_purged`] when it runs in the background, so that an
+/// append waiting for the lock gets it before the next chunk (parking_lot's lock may be taken
+/// again by the thread that just released it).
+pub const PURGE_PAUSE: std::time::Duration = std::time::Duration::from_micros(500);
+
+/// Removes the log's entries up to `upto` (its index key, included) in batches of `chunk`
+/// entries, pausing `pause` between two batches; returns how many. Blocking. Not atomic: the
+/// caller recorded the purge point first, so entries left by an interruption are never served
+/// and the next purge removes them.
+fn remove_purged(
+    log: &sled::Tree,
+    upto: [u8; 8],
+    chunk: usize,
+    pause: std::time::Duration,
+) -> sled::Result<usize> {
+    let mut n = 0;
+    loop {
+        // From the start each time: what the previous batch removed is gone.
+        let keys = log
+            .range(..=upto)
+            .keys()
+            .take(chunk.max(1))
+            .collect::<sled::Result<Vec<_>>>()?;
+        if keys.is_empty() {
+            return Ok(n);
+        }
+        let mut batch = sled::Batch::default();
+        n += keys.len();
+        for key in keys {
+            batch.remove(key);
+        }
+        log.apply_batch(batch)?;
+        if !pause.is_zero() {
+            std::thread::sleep(pause);
+        }
+    }
+}
+
 /// Removes the log's entries whose keys fall in `keys`, in one batch; returns how many.
 /// Blocking.
 fn remove_range(log: &sled::Tree, keys: impl RangeBounds<[u8; 8]>) -> sled::Result<usize> {
@@ -300,11 +349,17 @@ where
             .map_err(|e| StorageIOError::write_logs(&e))?;
         // Removing thousands of entries takes tens of ms (34 ms for 5,000 in the cluster bench)
         // while openraft's core awaits this call and moves nothing; the purge point above
-        // already makes them unreadable, so they are removed in the background.
+        // already makes them unreadable, so they are removed in the background, a chunk at a
+        // time so that appends are not held behind them (`PURGE_CHUNK`).
         let log = self.log.clone();
+        // A simulation removes them at once, on simulated time (no pause).
+        let pause = match self.flush {
+            Flush::Background => PURGE_PAUSE,
+            Flush::Inline => std::time::Duration::ZERO,
+        };
         self.flush.detach(move || {
             let started = std::time::Instant::now();
-            match remove_range(&log, ..=index_key(log_id.index)) {
+            match remove_purged(&log, index_key(log_id.index), PURGE_CHUNK, pause) {
                 Ok(n) => tracing::debug!(
                     entries = n,
                     upto = log_id.index,
@@ -315,5 +370,50 @@ where
             }
         });
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn log_of(indexes: std::ops::Range<u64>) -> sled::Tree {
+        let db = sled::Config::new()
+            .temporary(true)
+            .open()
+            .expect("temporary sled");
+        let log = db.open_tree("log").expect("tree");
+        for i in indexes {
+            log.insert(index_key(i), &i.to_be_bytes()).expect("insert");
+        }
+        log
+    }
+
+    fn left(log: &sled::Tree) -> Vec<u64> {
+        log.iter()
+            .keys()
+            .map(|k| u64::from_be_bytes(k.expect("key").as_ref().try_into().expect("8 bytes")))
+            .collect()
+    }
+
+    #[test]
+    fn purged_entries_go_in_chunks_up_to_the_index_and_no_further() {
+        let log = log_of(1..301);
+        let zero = std::time::Duration::ZERO;
+        // 150 entries in chunks of 64: three batches (64, 64, 22).
+        assert_eq!(remove_purged(&log, index_key(150), 64, zero).unwrap(), 150);
+        assert_eq!(left(&log), (151..301).collect::<Vec<_>>());
+        // Nothing left up to there: nothing removed.
+        assert_eq!(remove_purged(&log, index_key(150), 64, zero).unwrap(), 0);
+        // A chunk of 0 still moves forward, one entry a batch; an exact multiple of the chunk.
+        assert_eq!(remove_purged(&log, index_key(152), 0, zero).unwrap(), 2);
+        assert_eq!(remove_purged(&log, index_key(216), 64, zero).unwrap(), 64);
+        assert_eq!(left(&log).first(), Some(&217));
+        // Up to the last index and past it: everything, with the pause production uses.
+        assert_eq!(
+            remove_purged(&log, index_key(u64::MAX), 64, PURGE_PAUSE).unwrap(),
+            84
+        );
+        assert!(left(&log).is_empty());
     }
 }
