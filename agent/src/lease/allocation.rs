@@ -185,8 +185,12 @@ impl HeldAllocation {
     }
 
     /// Whether its rate still accrues at `now` (a rate, before the accrual's end), or its
-    /// pace still releases it.
+    /// pace still releases it; never once closed (nothing it accrues can be spent then, so a
+    /// key must not wait for it, nor a denial be told to retry when it would have accrued).
     pub fn accrues(&self, now: Nanos) -> bool {
+        if self.is_closed() {
+            return false;
+        }
         if let Some(p) = &self.pace {
             return p.releasing(now);
         }
@@ -708,6 +712,25 @@ mod accrual_tests {
         assert!(!a.accrues(t0 + 125 * ms));
         assert!(a.try_spend(7 * T, t0 + 125 * ms));
         assert_eq!(a.limit_at(u64::MAX), 8 * T);
+    }
+
+    #[test]
+    fn a_closed_allocation_accrues_nothing_more_and_gives_no_wait() {
+        let ms = S / 1000;
+        let t0 = 7 * S;
+        let paced = HeldAllocation::new(1, 1, 8 * T, t0 + 5 * S, 0, 1).paced(t0, 125 * ms, T);
+        let rated = HeldAllocation::new(2, 1, T, t0 + 5 * S, 0, 1).with_rate(10 * T, t0, 4 * T);
+        for a in [&paced, &rated] {
+            assert!(a.accrues(t0 + ms));
+            assert!(a.accrual_wait(2 * T, t0).is_some());
+            a.close();
+            assert!(
+                !a.accrues(t0 + ms),
+                "closed: nothing it accrues is spendable"
+            );
+            assert_eq!(a.accrual_wait(2 * T, t0), None);
+            assert!(!a.try_spend(T, t0 + 100 * ms));
+        }
     }
 
     #[test]
