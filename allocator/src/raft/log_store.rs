@@ -150,17 +150,24 @@ pub const PURGE_CHUNK: usize = 64;
 /// again by the thread that just released it).
 pub const PURGE_PAUSE: std::time::Duration = std::time::Duration::from_micros(500);
 
-/// Removes the log's entries up to `upto` (its index key, included) in batches of `chunk`
-/// entries, pausing `pause` between two batches; returns how many. Blocking. Not atomic: the
-/// caller recorded the purge point first, so entries left by an interruption are never served
-/// and the next purge removes them.
+/// What [`remove_purged`] removed: entries, in how many sled batches.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Removed {
+    entries: usize,
+    batches: usize,
+}
+
+/// Removes the log's entries up to `upto` (its index key, included) in batches of at most
+/// `chunk` entries (at least one), pausing `pause` between two batches. Blocking. Not atomic:
+/// the caller recorded the purge point first, so entries left by an interruption are never
+/// served and the next purge removes them.
 fn remove_purged(
     log: &sled::Tree,
     upto: [u8; 8],
     chunk: usize,
     pause: std::time::Duration,
-) -> sled::Result<usize> {
-    let mut n = 0;
+) -> sled::Result<Removed> {
+    let mut n = Removed::default();
     loop {
         // From the start each time: what the previous batch removed is gone.
         let keys = log
@@ -172,7 +179,8 @@ fn remove_purged(
             return Ok(n);
         }
         let mut batch = sled::Batch::default();
-        n += keys.len();
+        n.entries += keys.len();
+        n.batches += 1;
         for key in keys {
             batch.remove(key);
         }
@@ -361,7 +369,8 @@ where
             let started = std::time::Instant::now();
             match remove_purged(&log, index_key(log_id.index), PURGE_CHUNK, pause) {
                 Ok(n) => tracing::debug!(
-                    entries = n,
+                    entries = n.entries,
+                    batches = n.batches,
                     upto = log_id.index,
                     took_ms = started.elapsed().as_millis() as u64,
                     "purged log entries removed"
@@ -396,23 +405,39 @@ mod tests {
             .collect()
     }
 
+    fn removed(entries: usize, batches: usize) -> Removed {
+        Removed { entries, batches }
+    }
+
     #[test]
     fn purged_entries_go_in_chunks_up_to_the_index_and_no_further() {
         let log = log_of(1..301);
         let zero = std::time::Duration::ZERO;
         // 150 entries in chunks of 64: three batches (64, 64, 22).
-        assert_eq!(remove_purged(&log, index_key(150), 64, zero).unwrap(), 150);
+        assert_eq!(
+            remove_purged(&log, index_key(150), 64, zero).unwrap(),
+            removed(150, 3)
+        );
         assert_eq!(left(&log), (151..301).collect::<Vec<_>>());
-        // Nothing left up to there: nothing removed.
-        assert_eq!(remove_purged(&log, index_key(150), 64, zero).unwrap(), 0);
+        // Nothing left up to there: nothing removed, no batch.
+        assert_eq!(
+            remove_purged(&log, index_key(150), 64, zero).unwrap(),
+            removed(0, 0)
+        );
         // A chunk of 0 still moves forward, one entry a batch; an exact multiple of the chunk.
-        assert_eq!(remove_purged(&log, index_key(152), 0, zero).unwrap(), 2);
-        assert_eq!(remove_purged(&log, index_key(216), 64, zero).unwrap(), 64);
+        assert_eq!(
+            remove_purged(&log, index_key(152), 0, zero).unwrap(),
+            removed(2, 2)
+        );
+        assert_eq!(
+            remove_purged(&log, index_key(216), 64, zero).unwrap(),
+            removed(64, 1)
+        );
         assert_eq!(left(&log).first(), Some(&217));
         // Up to the last index and past it: everything, with the pause production uses.
         assert_eq!(
             remove_purged(&log, index_key(u64::MAX), 64, PURGE_PAUSE).unwrap(),
-            84
+            removed(84, 2)
         );
         assert!(left(&log).is_empty());
     }
