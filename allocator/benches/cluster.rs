@@ -31,6 +31,15 @@
 //! phase 4 alone, `--timeline-ms N` prints its calls per N ms of start time (count, p99, max),
 //! which shows a stall (a snapshot) apart from queueing. The nodes run on the
 //! allocator binary's global allocator (`allot_allocator::heap::ProcessAllocator`).
+//!
+//! In phases 3 and 5 the clients run on a runtime of their own (threads `bench-client`), the
+//! nodes on the main one, so those phases also report the CPU each side used
+//! (`/proc/self/task/*/stat`, over the measured window) and the nodes' CPU per committed
+//! decision (the other phases keep one runtime for both: a second runtime's workers on two
+//! cores lengthen the latency phases' tails); in one process on two cores,
+//! an open-loop client offering twice the capacity takes CPU the nodes would otherwise have,
+//! and this tells that apart from the nodes' own work per decision growing under overload
+//! (issue 9 item 3: goodput near capacity).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -72,6 +81,114 @@ const T: u64 = 1_000_000;
 
 /// Deadline of each call in the open-loop phases.
 const CALL_DEADLINE: Duration = Duration::from_millis(200);
+
+/// Name of the client runtime's threads (workers and blocking pool).
+const CLIENT_THREADS: &str = "bench-client";
+
+/// Where a phase's clients run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Clients {
+    /// On the nodes' runtime, as every phase did before the split (the latency phases: a
+    /// second runtime's workers on two cores lengthened the at-rate phase's tail, 15–17 →
+    /// 22–29 ms over 60 s, two pairs).
+    Shared,
+    /// On [`client_rt`], so that their CPU is told apart from the nodes' (the capacity and
+    /// overload phases, compared for goodput).
+    Own,
+}
+
+impl Clients {
+    /// Runs `f` where these clients run, and waits for it.
+    async fn run<T: Send + 'static>(
+        self,
+        f: impl std::future::Future<Output = T> + Send + 'static,
+    ) -> T {
+        match self {
+            Clients::Shared => f.await,
+            Clients::Own => client_rt().spawn(f).await.expect("client task"),
+        }
+    }
+
+    /// Spawns `f` where these clients run.
+    fn spawn<T: Send + 'static>(
+        self,
+        f: impl std::future::Future<Output = T> + Send + 'static,
+    ) -> tokio::task::JoinHandle<T> {
+        match self {
+            Clients::Shared => tokio::spawn(f),
+            Clients::Own => client_rt().spawn(f),
+        }
+    }
+}
+
+/// The runtime the clients of [`Clients::Own`] phases run on: their calls, their HTTP/2
+/// connections, the open-loop schedule. The nodes run on the main runtime.
+fn client_rt() -> &'static tokio::runtime::Runtime {
+    static RT: std::sync::OnceLock<tokio::runtime::Runtime> = std::sync::OnceLock::new();
+    RT.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .thread_name(CLIENT_THREADS)
+            .enable_all()
+            .build()
+            .expect("client runtime")
+    })
+}
+
+/// CPU time this process has used so far, split into the clients' threads and the rest (the
+/// nodes: their runtime, sled's I/O threads, snapshot builders), in seconds.
+#[derive(Debug, Clone, Copy, Default)]
+struct CpuSplit {
+    clients: f64,
+    nodes: f64,
+}
+
+impl CpuSplit {
+    /// Reads `/proc/self/task/*/stat` (user + system time of every thread); zero off Linux. A
+    /// thread that exited meanwhile is missing from the later reading, so a window's figures
+    /// are at least what was used in it, less at most the exited threads' time.
+    fn now() -> CpuSplit {
+        let mut split = CpuSplit::default();
+        let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+            return split;
+        };
+        // SAFETY: sysconf has no preconditions.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+        for task in tasks.flatten() {
+            let dir = task.path();
+            let comm = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
+            let Some(ticks) = std::fs::read_to_string(dir.join("stat"))
+                .ok()
+                .and_then(|stat| thread_ticks(&stat))
+            else {
+                continue;
+            };
+            if comm.starts_with(CLIENT_THREADS) {
+                split.clients += ticks as f64 / hz;
+            } else {
+                split.nodes += ticks as f64 / hz;
+            }
+        }
+        split
+    }
+
+    /// The CPU used between `earlier` and `self`.
+    fn since(self, earlier: CpuSplit) -> CpuSplit {
+        CpuSplit {
+            clients: (self.clients - earlier.clients).max(0.0),
+            nodes: (self.nodes - earlier.nodes).max(0.0),
+        }
+    }
+}
+
+/// utime + stime of a `/proc/…/stat` line (fields 14 and 15, counted after the `)` that ends
+/// the command name, which may itself hold spaces).
+fn thread_ticks(stat: &str) -> Option<u64> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let mut fields = rest.split_whitespace().skip(11);
+    let utime: u64 = fields.next()?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
+    Some(utime + stime)
+}
 
 struct Args {
     clients: usize,
@@ -198,7 +315,7 @@ impl Cluster {
             leader_addr: members[&leader].clone(),
             daemons,
         };
-        c.connect()
+        c.connect(Clients::Shared)
             .await
             .put_policy(pb::PutPolicyRequest {
                 yaml: POLICY.into(),
@@ -211,17 +328,27 @@ impl Cluster {
     }
 
     /// A client of the leader on its own HTTP/2 connection, as a separate agent would have.
-    async fn connect(&self) -> AllocatorClient<Channel> {
+    /// Made where `clients` run, so that the connection's tasks run there too.
+    async fn connect(&self, clients: Clients) -> AllocatorClient<Channel> {
         let ep = tonic::transport::Endpoint::from_shared(format!("http://{}", self.leader_addr))
             .expect("valid address");
-        AllocatorClient::new(ep.connect().await.expect("connect to the leader"))
+        clients
+            .run(async move {
+                AllocatorClient::new(ep.connect().await.expect("connect to the leader"))
+            })
+            .await
     }
 
     /// The leader's last log index.
     fn log_index(&self) -> u64 {
+        (self.log_index_source())()
+    }
+
+    /// Reads the leader's last log index from any thread (the open loop runs on the client
+    /// runtime).
+    fn log_index_source(&self) -> impl Fn() -> u64 + Send + 'static {
         let m = self.daemons[&self.leader].node().raft().metrics();
-        let index = m.borrow().last_log_index.unwrap_or(0);
-        index
+        move || m.borrow().last_log_index.unwrap_or(0)
     }
 
     /// Whether the node that led at start still leads, and its queued commands.
@@ -253,6 +380,8 @@ struct Stats {
     /// Open-loop phases: every measured call's start (µs after the window opened) and latency
     /// (µs), for `--timeline-ms`.
     starts: Vec<(u64, u64)>,
+    /// CPU used by each side over the measured window ([`Clients::Own`] phases only).
+    cpu: Option<CpuSplit>,
 }
 
 impl Stats {
@@ -472,13 +601,13 @@ async fn batch_client(
 }
 
 /// One closed-loop phase: `clients` clients from `warmup` on for `secs`; also Raft entries/s.
-async fn closed_loop(c: &Cluster, a: &Args, batch: Option<usize>) -> (Stats, f64) {
+async fn closed_loop(c: &Cluster, a: &Args, batch: Option<usize>, on: Clients) -> (Stats, f64) {
     let start_at = Instant::now() + Duration::from_secs(a.warmup_secs);
     let end_at = start_at + Duration::from_secs(a.secs);
     let mut tasks = Vec::new();
     for n in 0..a.clients {
-        let client = c.connect().await;
-        tasks.push(tokio::spawn(async move {
+        let client = c.connect(on).await;
+        tasks.push(on.spawn(async move {
             match batch {
                 None => unary_client(client, n, start_at, end_at).await,
                 Some(k) => batch_client(client, n, k, start_at, end_at).await,
@@ -487,21 +616,44 @@ async fn closed_loop(c: &Cluster, a: &Args, batch: Option<usize>) -> (Stats, f64
     }
     tokio::time::sleep_until(start_at.into()).await;
     let first = c.log_index();
+    let cpu0 = CpuSplit::now();
     tokio::time::sleep_until(end_at.into()).await;
     let entries = (c.log_index() - first) as f64 / a.secs as f64;
+    let cpu = CpuSplit::now().since(cpu0);
     let mut all = Stats::default();
     for t in tasks {
         all.add(t.await.expect("client task"));
     }
+    all.cpu = (on == Clients::Own).then_some(cpu);
     (all, entries)
 }
 
 /// Open loop: Batch calls of `k` items started every `every`, each with a deadline, for `secs`
-/// after a warm-up; counts decisions committed per second (goodput) and refusals.
-async fn open_loop(c: &Cluster, a: &Args, k: usize, every: Duration) -> (Stats, f64) {
-    let clients: Vec<_> = clients_of(c, a.clients).await;
-    let start_at = Instant::now() + Duration::from_secs(a.warmup_secs);
-    let end_at = start_at + Duration::from_secs(a.secs);
+/// after a warm-up; counts decisions committed per second (goodput) and refusals. The schedule
+/// and the calls run on the client runtime.
+async fn open_loop(c: &Cluster, a: &Args, k: usize, every: Duration, on: Clients) -> (Stats, f64) {
+    let clients: Vec<_> = clients_of(c, a.clients, on).await;
+    let log_index = c.log_index_source();
+    let (warmup, secs) = (a.warmup_secs, a.secs);
+    let (mut s, entries) = on
+        .run(open_loop_on(clients, log_index, warmup, secs, k, every))
+        .await;
+    // With shared threads every thread counts as the nodes': no split to report.
+    s.cpu = s.cpu.filter(|_| on == Clients::Own);
+    (s, entries)
+}
+
+/// The body of [`open_loop`], on the client runtime.
+async fn open_loop_on(
+    clients: Vec<AllocatorClient<Channel>>,
+    log_index: impl Fn() -> u64,
+    warmup_secs: u64,
+    secs: u64,
+    k: usize,
+    every: Duration,
+) -> (Stats, f64) {
+    let start_at = Instant::now() + Duration::from_secs(warmup_secs);
+    let end_at = start_at + Duration::from_secs(secs);
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
     let mut tasks = Vec::new();
@@ -510,7 +662,7 @@ async fn open_loop(c: &Cluster, a: &Args, k: usize, every: Duration) -> (Stats, 
     while Instant::now() < end_at {
         tick.tick().await;
         if first.is_none() && Instant::now() >= start_at {
-            first = Some(c.log_index());
+            first = Some((log_index(), CpuSplit::now()));
         }
         seq += 1;
         let n = (seq % clients.len() as u64) as usize;
@@ -524,7 +676,8 @@ async fn open_loop(c: &Cluster, a: &Args, k: usize, every: Duration) -> (Stats, 
             (t0, t0.elapsed(), r.map(|r| r.into_inner().results))
         }));
     }
-    let last = c.log_index();
+    let last = log_index();
+    let cpu_end = CpuSplit::now();
     let mut s = Stats::default();
     let mut h = histogram();
     for t in tasks {
@@ -543,7 +696,9 @@ async fn open_loop(c: &Cluster, a: &Args, k: usize, every: Duration) -> (Stats, 
         }
     }
     s.calls = Some(h);
-    let entries = (last - first.unwrap_or(last)) as f64 / a.secs as f64;
+    let (first_index, cpu0) = first.unwrap_or((last, cpu_end));
+    s.cpu = Some(cpu_end.since(cpu0));
+    let entries = (last - first_index) as f64 / secs as f64;
     (s, entries)
 }
 
@@ -572,10 +727,10 @@ fn print_timeline(s: &Stats, every_ms: u64) {
     }
 }
 
-async fn clients_of(c: &Cluster, n: usize) -> Vec<AllocatorClient<Channel>> {
+async fn clients_of(c: &Cluster, n: usize, on: Clients) -> Vec<AllocatorClient<Channel>> {
     let mut v = Vec::with_capacity(n);
     for _ in 0..n {
-        v.push(c.connect().await);
+        v.push(c.connect(on).await);
     }
     v
 }
@@ -592,7 +747,7 @@ fn row(name: &str, s: &Stats, entries: f64, secs: u64, base: f64) -> String {
     let h = s.calls.as_ref().expect("a histogram");
     let rate = s.decisions as f64 / secs as f64;
     format!(
-        "| {name} | {rate:.0} | {:.1}× | {entries:.0} | {:.1} | {} | {:.2} | {:.2} | {:.2} | {} ({} overloaded) | {} |",
+        "| {name} | {rate:.0} | {:.1}× | {entries:.0} | {:.1} | {} | {:.2} | {:.2} | {:.2} | {} ({} overloaded) | {} | {} | {} | {} |",
         rate / base,
         if entries > 0.0 { rate / entries } else { 0.0 },
         h.len(),
@@ -602,7 +757,21 @@ fn row(name: &str, s: &Stats, entries: f64, secs: u64, base: f64) -> String {
         s.refused(),
         s.overloaded(),
         s.errors,
+        cores(s.cpu.map(|c| c.nodes), secs),
+        cores(s.cpu.map(|c| c.clients), secs),
+        node_us_per_decision(s).map_or_else(|| "-".to_string(), |us| format!("{us:.1}")),
     )
+}
+
+/// CPU-seconds over `secs` as cores in use, or "-" when not measured.
+fn cores(cpu_secs: Option<f64>, secs: u64) -> String {
+    cpu_secs.map_or_else(|| "-".to_string(), |c| format!("{:.2}", c / secs as f64))
+}
+
+/// The nodes' CPU per committed decision over the measured window, µs.
+fn node_us_per_decision(s: &Stats) -> Option<f64> {
+    let nodes = s.cpu?.nodes;
+    (s.decisions > 0 && nodes > 0.0).then(|| nodes * 1e6 / s.decisions as f64)
 }
 
 #[tokio::main]
@@ -618,7 +787,7 @@ async fn main() {
         return;
     }
     let c = Cluster::start(None, &a.timings).await;
-    let (base, entries) = closed_loop(&c, &a, None).await;
+    let (base, entries) = closed_loop(&c, &a, None, Clients::Shared).await;
     c.shutdown().await;
     let base_rate = (base.decisions as f64 / a.secs as f64).max(1.0);
     rows.push(row_of(
@@ -630,7 +799,7 @@ async fn main() {
     ));
 
     let c = Cluster::start(Some(a.commit.clone()), &a.timings).await;
-    let (s, entries) = closed_loop(&c, &a, None).await;
+    let (s, entries) = closed_loop(&c, &a, None, Clients::Shared).await;
     c.shutdown().await;
     rows.push(row_of(
         "group commit, unary Acquire + Report",
@@ -641,11 +810,12 @@ async fn main() {
     ));
 
     let c = Cluster::start(Some(a.commit.clone()), &a.timings).await;
-    let (s, entries) = closed_loop(&c, &a, Some(a.batch)).await;
+    let (s, entries) = closed_loop(&c, &a, Some(a.batch), Clients::Own).await;
     c.shutdown().await;
     let capacity = s.decisions as f64 / a.secs as f64;
+    let capacity_stats = s;
     let name = format!("group commit, Batch of {} items", a.batch);
-    rows.push(row_of(&name, &s, entries, a.secs, base_rate));
+    rows.push(row_of(&name, &capacity_stats, entries, a.secs, base_rate));
 
     let at_rate_stats = at_rate(&a, base_rate, &mut rows).await;
 
@@ -653,7 +823,7 @@ async fn main() {
     let calls_per_s = (capacity * a.overload as f64 / a.batch as f64).max(1.0);
     let every = Duration::from_secs_f64(1.0 / calls_per_s);
     let c = Cluster::start(Some(a.commit.clone()), &a.timings).await;
-    let (s, entries) = open_loop(&c, &a, a.batch, every).await;
+    let (s, entries) = open_loop(&c, &a, a.batch, every, Clients::Own).await;
     eprintln!("after the overload phase: {}", c.health());
     c.shutdown().await;
     let name = format!(
@@ -664,9 +834,38 @@ async fn main() {
     );
     rows.push(row_of(&name, &s, entries, a.secs, base_rate));
     print_rows(&a, &rows);
+    print_overload(&capacity_stats, &s, a.secs);
     if a.timeline_ms > 0 {
         print_timeline(&at_rate_stats, a.timeline_ms);
     }
+}
+
+/// Goodput under overload against the capacity phase, as measured and per CPU-second the
+/// nodes had: a ratio near 1 in the second means the nodes did as much per CPU-second while
+/// refusing the excess, so what goodput lost went to the clients' CPU, not to the nodes' work.
+fn print_overload(capacity: &Stats, overload: &Stats, secs: u64) {
+    let per_s = |s: &Stats| s.decisions as f64 / secs as f64;
+    let per_node_cpu = |s: &Stats| node_us_per_decision(s).map(|us| 1e6 / us);
+    let (o, c) = (
+        overload.cpu.unwrap_or_default(),
+        capacity.cpu.unwrap_or_default(),
+    );
+    println!();
+    println!(
+        "Overload against capacity: goodput {:.2}× ({:.0} against {:.0} decisions/s); nodes' CPU \
+         {:.2} against {:.2} cores, clients' {:.2} against {:.2}; decisions per node CPU-second {}",
+        per_s(overload) / per_s(capacity).max(1.0),
+        per_s(overload),
+        per_s(capacity),
+        o.nodes / secs as f64,
+        c.nodes / secs as f64,
+        o.clients / secs as f64,
+        c.clients / secs as f64,
+        match (per_node_cpu(overload), per_node_cpu(capacity)) {
+            (Some(o), Some(c)) => format!("{:.2}× ({o:.0} against {c:.0})", o / c),
+            _ => "- (no CPU reading)".to_string(),
+        }
+    );
 }
 
 /// Phase 4: a given load on the schedule of `rate` decisions/s, in calls of `batch` items;
@@ -674,7 +873,7 @@ async fn main() {
 async fn at_rate(a: &Args, base_rate: f64, rows: &mut Vec<(String, String)>) -> Stats {
     let every = Duration::from_secs_f64(a.batch as f64 / a.rate as f64);
     let c = Cluster::start(Some(a.commit.clone()), &a.timings).await;
-    let (s, entries) = open_loop(&c, a, a.batch, every).await;
+    let (s, entries) = open_loop(&c, a, a.batch, every, Clients::Shared).await;
     c.shutdown().await;
     let name = format!(
         "at rate: {} offered/s (open loop), {} ms deadlines",
@@ -699,8 +898,8 @@ fn print_rows(a: &Args, rows: &[(String, String)]) {
             ", all voters at once (--no-stagger)"
         }
     );
-    println!("| phase | committed decisions/s | vs unbatched | Raft entries/s | decisions per entry | calls | p50 ms | p99 ms | max ms | refused items | failed calls |");
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("| phase | committed decisions/s | vs unbatched | Raft entries/s | decisions per entry | calls | p50 ms | p99 ms | max ms | refused items | failed calls | nodes' CPU, cores | clients' CPU, cores | nodes' CPU µs per decision |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for (r, _) in rows {
         println!("{r}");
     }
