@@ -35,7 +35,11 @@ fn sled_io_switches() -> std::io::Result<HashMap<String, u64>> {
         if !comm.starts_with("sled-io") {
             continue;
         }
-        let tid = dir.file_name().unwrap_or_default().to_string_lossy().into_owned();
+        let tid = dir
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .into_owned();
         by_thread.insert(tid, switches_of(&dir.join("status"))?);
     }
     Ok(by_thread)
