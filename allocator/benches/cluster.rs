@@ -49,6 +49,7 @@ use allot_allocator::daemon::{Daemon, DaemonConfig};
 use allot_allocator::raft::{GroupCommitConfig, NodeConfig, RaftTimings, SystemNodeClock};
 use allot_proto::allot::v1 as pb;
 use allot_proto::allot::v1::allocator_client::AllocatorClient;
+use allot_proto::error_detail;
 use hdrhistogram::Histogram;
 use pb::batch_item::Op;
 use pb::batch_result::Outcome;
@@ -201,6 +202,8 @@ struct Args {
     timings: RaftTimings,
     /// `--only at-rate`: run just phase 4 (no capacity phase, so no overload phase either).
     only_at_rate: bool,
+    /// `--only overload`: run just phases 3 and 5 (capacity, then overload against it).
+    only_overload: bool,
     /// `--timeline-ms N`: print the at-rate phase's calls per N ms of start time (count, p99,
     /// max), to tell periodic stalls from queueing.
     timeline_ms: u64,
@@ -217,6 +220,7 @@ fn args() -> Args {
         commit: GroupCommitConfig::default(),
         timings: RaftTimings::default(),
         only_at_rate: false,
+        only_overload: false,
         timeline_ms: 0,
     };
     let argv: Vec<String> = std::env::args().collect();
@@ -228,8 +232,18 @@ fn args() -> Args {
             i += 1;
             continue;
         }
+        if argv[i] == "--no-shed" {
+            a.commit.shed_early = false;
+            i += 1;
+            continue;
+        }
         if argv[i] == "--only" && argv.get(i + 1).map(String::as_str) == Some("at-rate") {
             a.only_at_rate = true;
+            i += 2;
+            continue;
+        }
+        if argv[i] == "--only" && argv.get(i + 1).map(String::as_str) == Some("overload") {
+            a.only_overload = true;
             i += 2;
             continue;
         }
@@ -382,6 +396,11 @@ struct Stats {
     starts: Vec<(u64, u64)>,
     /// CPU used by each side over the measured window ([`Clients::Own`] phases only).
     cpu: Option<CpuSplit>,
+    /// Open-loop calls refused as a whole, OVERLOADED (the leader shedding load before
+    /// decoding); their items are counted in `reasons`.
+    whole_calls_refused: u64,
+    /// Batch items sent in the measured window: Decides, Acquires, Reports.
+    sent: [u64; 3],
 }
 
 impl Stats {
@@ -397,6 +416,29 @@ impl Stats {
             e.0 += n;
         }
         self.errors += o.errors;
+        self.whole_calls_refused += o.whole_calls_refused;
+        self.add_mix(o.sent);
+    }
+
+    fn add_mix(&mut self, mix: [u64; 3]) {
+        for (a, b) in self.sent.iter_mut().zip(mix) {
+            *a += b;
+        }
+    }
+
+    /// The Batch items sent, as "Decide / Acquire / Report %", or "" when none were counted.
+    fn mix(&self) -> String {
+        let total: u64 = self.sent.iter().sum();
+        if total == 0 {
+            return String::new();
+        }
+        let pct = |n: u64| n as f64 * 100.0 / total as f64;
+        format!(
+            "; items sent Decide / Acquire / Report {:.0} / {:.0} / {:.0} %",
+            pct(self.sent[0]),
+            pct(self.sent[1]),
+            pct(self.sent[2])
+        )
     }
 
     /// Items refused, whatever the reason.
@@ -502,7 +544,8 @@ async fn unary_client(
     s
 }
 
-/// One Batch of `k` items: half Decides, then Reports of `grants`, then Acquires.
+/// One Batch of `k` items: half Decides, then Reports of `grants`, then Acquires (so a closed
+/// loop alternates Decides with Acquires and Decides with Reports: 50 / 25 / 25 %).
 fn batch_items(n: usize, seq: u64, k: usize, grants: &[pb::Grant]) -> Vec<pb::BatchItem> {
     let decides = k / 2;
     let mut items = Vec::with_capacity(k);
@@ -533,6 +576,24 @@ fn batch_items(n: usize, seq: u64, k: usize, grants: &[pb::Grant]) -> Vec<pb::Ba
         .collect()
 }
 
+/// The kinds of [`batch_items`]`(.., k, grants)`: Decides, Acquires, Reports.
+fn mix_of(k: usize, grants: usize) -> [u64; 3] {
+    let decides = k / 2;
+    let reports = grants.min(k - decides);
+    [
+        decides as u64,
+        (k - decides - reports) as u64,
+        reports as u64,
+    ]
+}
+
+/// An ErrorReason's name, e.g. `OVERLOADED`.
+fn reason_name(reason: i32) -> String {
+    pb::ErrorReason::try_from(reason)
+        .map(|r| r.as_str_name().to_string())
+        .unwrap_or_else(|_| format!("reason {reason}"))
+}
+
 /// Counts `results` into `s`: committed decisions, and refused items by reason; keeps the
 /// grants among them (to report next time) in `grants`.
 fn tally(results: &[pb::BatchResult], grants: &mut Vec<pb::Grant>, s: &mut Stats) {
@@ -552,12 +613,7 @@ fn tally(results: &[pb::BatchResult], grants: &mut Vec<pb::Grant>, s: &mut Stats
                 s.decisions += 1;
                 continue;
             }
-            Some(Outcome::Error(e)) => (
-                pb::ErrorReason::try_from(e.reason)
-                    .map(|r| r.as_str_name().to_string())
-                    .unwrap_or_else(|_| format!("reason {}", e.reason)),
-                e.message.as_str(),
-            ),
+            Some(Outcome::Error(e)) => (reason_name(e.reason), e.message.as_str()),
             None => ("no outcome".to_string(), ""),
         };
         s.reasons.entry(name).or_insert((0, message.to_string())).0 += 1;
@@ -579,9 +635,13 @@ async fn batch_client(
     while Instant::now() < end_at {
         seq += 1;
         let items = batch_items(n, seq, k, &grants);
+        let mix = mix_of(k, grants.len());
         let t0 = Instant::now();
         let r = c.batch(pb::BatchRequest { items }).await;
         let measuring = t0 >= start_at;
+        if measuring {
+            s.add_mix(mix);
+        }
         match r {
             Ok(r) => {
                 let results = r.into_inner().results;
@@ -659,6 +719,8 @@ async fn open_loop_on(
     let mut tasks = Vec::new();
     let mut seq = 0u64;
     let mut first = None;
+    let granted: Vec<Arc<std::sync::Mutex<Vec<pb::Grant>>>> =
+        clients.iter().map(|_| Arc::default()).collect();
     while Instant::now() < end_at {
         tick.tick().await;
         if first.is_none() && Instant::now() >= start_at {
@@ -667,13 +729,27 @@ async fn open_loop_on(
         seq += 1;
         let n = (seq % clients.len() as u64) as usize;
         let mut client = clients[n].clone();
-        let items = batch_items(n, seq, k, &[]);
+        // The grants of this client's latest answer are reported in this call, as the closed
+        // loop (phase 3) does, so that the overload phase offers the capacity phase's mix.
+        let slot = granted[n].clone();
+        let grants = std::mem::take(&mut *slot.lock().expect("grants slot"));
+        let items = batch_items(n, seq, k, &grants);
+        let mix = mix_of(k, grants.len());
         tasks.push(tokio::spawn(async move {
             let t0 = Instant::now();
             let mut req = tonic::Request::new(pb::BatchRequest { items });
             req.set_timeout(CALL_DEADLINE);
             let r = client.batch(req).await;
-            (t0, t0.elapsed(), r.map(|r| r.into_inner().results))
+            let took = t0.elapsed();
+            let results = r.map(|r| r.into_inner().results);
+            if let Ok(results) = &results {
+                let mut grants = Vec::new();
+                tally(results, &mut grants, &mut Stats::default());
+                if !grants.is_empty() {
+                    *slot.lock().expect("grants slot") = grants;
+                }
+            }
+            (t0, took, results, mix)
         }));
     }
     let last = log_index();
@@ -681,18 +757,35 @@ async fn open_loop_on(
     let mut s = Stats::default();
     let mut h = histogram();
     for t in tasks {
-        let (t0, took, r) = t.await.expect("call task");
+        let (t0, took, r, mix) = t.await.expect("call task");
         if t0 < start_at {
             continue;
         }
-        match r {
+        s.add_mix(mix);
+        let answered = match r {
             Ok(results) => {
                 tally(&results, &mut Vec::new(), &mut s);
-                let _ = h.record(took.as_micros() as u64);
-                let at = (t0 - start_at).as_micros() as u64;
-                s.starts.push((at, took.as_micros() as u64));
+                true
             }
-            Err(_) => s.errors += 1,
+            // A call refused as a whole, OVERLOADED (shed before decoding): each of its items
+            // is refused for that reason, as when the queue refuses them one by one.
+            Err(st) => match error_detail::of(&st) {
+                Some(d) if d.reason == pb::ErrorReason::Overloaded as i32 => {
+                    let name = reason_name(d.reason);
+                    s.reasons.entry(name).or_insert((0, d.message)).0 += k as u64;
+                    s.whole_calls_refused += 1;
+                    true
+                }
+                _ => {
+                    s.errors += 1;
+                    false
+                }
+            },
+        };
+        if answered {
+            let _ = h.record(took.as_micros() as u64);
+            let at = (t0 - start_at).as_micros() as u64;
+            s.starts.push((at, took.as_micros() as u64));
         }
     }
     s.calls = Some(h);
@@ -739,7 +832,14 @@ async fn clients_of(c: &Cluster, n: usize, on: Clients) -> Vec<AllocatorClient<C
 fn row_of(name: &str, s: &Stats, entries: f64, secs: u64, base: f64) -> (String, String) {
     (
         row(name, s, entries, secs, base),
-        format!("* {name}: {}", s.reasons()),
+        match s.whole_calls_refused {
+            0 => format!("* {name}: {}{}", s.reasons(), s.mix()),
+            n => format!(
+                "* {name}: {}; {n} calls refused whole, before decoding (shed){}",
+                s.reasons(),
+                s.mix()
+            ),
+        },
     )
 }
 
@@ -747,8 +847,13 @@ fn row(name: &str, s: &Stats, entries: f64, secs: u64, base: f64) -> String {
     let h = s.calls.as_ref().expect("a histogram");
     let rate = s.decisions as f64 / secs as f64;
     format!(
-        "| {name} | {rate:.0} | {:.1}× | {entries:.0} | {:.1} | {} | {:.2} | {:.2} | {:.2} | {} ({} overloaded) | {} | {} | {} | {} |",
-        rate / base,
+        "| {name} | {rate:.0} | {} | {entries:.0} | {:.1} | {} | {:.2} | {:.2} | {:.2} | {} ({} overloaded) | {} | {} | {} | {} |",
+        // Runs of one phase (`--only`) have no unbatched phase to compare with (base 1.0).
+        if base > 1.0 {
+            format!("{:.1}×", rate / base)
+        } else {
+            "-".to_string()
+        },
         if entries > 0.0 { rate / entries } else { 0.0 },
         h.len(),
         h.value_at_quantile(0.50) as f64 / 1000.0,
@@ -786,28 +891,10 @@ async fn main() {
         }
         return;
     }
-    let c = Cluster::start(None, &a.timings).await;
-    let (base, entries) = closed_loop(&c, &a, None, Clients::Shared).await;
-    c.shutdown().await;
-    let base_rate = (base.decisions as f64 / a.secs as f64).max(1.0);
-    rows.push(row_of(
-        "unbatched, unary Acquire + Report",
-        &base,
-        entries,
-        a.secs,
-        base_rate,
-    ));
-
-    let c = Cluster::start(Some(a.commit.clone()), &a.timings).await;
-    let (s, entries) = closed_loop(&c, &a, None, Clients::Shared).await;
-    c.shutdown().await;
-    rows.push(row_of(
-        "group commit, unary Acquire + Report",
-        &s,
-        entries,
-        a.secs,
-        base_rate,
-    ));
+    let base_rate = match a.only_overload {
+        true => 1.0,
+        false => latency_phases(&a, &mut rows).await,
+    };
 
     let c = Cluster::start(Some(a.commit.clone()), &a.timings).await;
     let (s, entries) = closed_loop(&c, &a, Some(a.batch), Clients::Own).await;
@@ -817,7 +904,10 @@ async fn main() {
     let name = format!("group commit, Batch of {} items", a.batch);
     rows.push(row_of(&name, &capacity_stats, entries, a.secs, base_rate));
 
-    let at_rate_stats = at_rate(&a, base_rate, &mut rows).await;
+    let at_rate_stats = match a.only_overload {
+        true => None,
+        false => Some(at_rate(&a, base_rate, &mut rows).await),
+    };
 
     // Offered: `overload` × capacity, in calls of `batch` items on a fixed schedule.
     let calls_per_s = (capacity * a.overload as f64 / a.batch as f64).max(1.0);
@@ -835,9 +925,38 @@ async fn main() {
     rows.push(row_of(&name, &s, entries, a.secs, base_rate));
     print_rows(&a, &rows);
     print_overload(&capacity_stats, &s, a.secs);
-    if a.timeline_ms > 0 {
-        print_timeline(&at_rate_stats, a.timeline_ms);
+    if let (true, Some(s)) = (a.timeline_ms > 0, &at_rate_stats) {
+        print_timeline(s, a.timeline_ms);
     }
+}
+
+/// Phases 1 and 2 (unary calls, unbatched then grouped); returns phase 1's decisions/s, the
+/// base of the "vs unbatched" column.
+async fn latency_phases(a: &Args, rows: &mut Vec<(String, String)>) -> f64 {
+    let c = Cluster::start(None, &a.timings).await;
+    let (base, entries) = closed_loop(&c, a, None, Clients::Shared).await;
+    c.shutdown().await;
+    let base_rate = (base.decisions as f64 / a.secs as f64).max(1.0);
+    rows.push(row_of(
+        "unbatched, unary Acquire + Report",
+        &base,
+        entries,
+        a.secs,
+        base_rate,
+    ));
+
+    let c = Cluster::start(Some(a.commit.clone()), &a.timings).await;
+    let (s, entries) = closed_loop(&c, a, None, Clients::Shared).await;
+    c.shutdown().await;
+    rows.push(row_of(
+        "group commit, unary Acquire + Report",
+        &s,
+        entries,
+        a.secs,
+        base_rate,
+    ));
+
+    base_rate
 }
 
 /// Goodput under overload against the capacity phase, as measured and per CPU-second the

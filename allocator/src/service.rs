@@ -6,7 +6,8 @@
 //! call, answered item by item in order (a refused item gets an [`pb::ErrorDetail`]; the other
 //! items are unaffected). Under overload a call is refused at once, unapplied: a unary call with
 //! RESOURCE_EXHAUSTED and an ErrorDetail OVERLOADED in the status details, each Batch item with
-//! that ErrorDetail. The caller's `grpc-timeout` travels with its commands: those still queued
+//! that ErrorDetail; while the queue is nearly full, an agent's write (a Batch too) is refused
+//! that way as a whole, before its body is decoded ([`Shed`]). The caller's `grpc-timeout` travels with its commands: those still queued
 //! when it passes are dropped unapplied (DEADLINE_EXCEEDED, the same way).
 //!
 //! A follower forwards writes, Batch and status reads to the leader once (marked with
@@ -25,7 +26,9 @@
 //! - `forward`: a follower forwarding a call to the leader once;
 //! - `convert`: pb ↔ ledger conversion;
 //! - `errors`: every error on the wire, with the one mapping of a [`LedgerError`];
-//! - `deadline`: the caller's `grpc-timeout`.
+//! - `deadline`: the caller's `grpc-timeout`;
+//! - `shed`: refusing the agents' writes from their headers while the commit queue is nearly
+//!   full (load shedding before decoding).
 
 mod admin;
 mod convert;
@@ -33,12 +36,14 @@ mod data_plane;
 mod deadline;
 mod errors;
 mod forward;
+mod shed;
 
 pub use convert::policy_key;
 pub use data_plane::MAX_BATCH_ITEMS;
 pub use deadline::{deadline_of, parse_grpc_timeout};
 pub use errors::ledger_error;
 pub use forward::FORWARDED_HEADER;
+pub use shed::Shed;
 
 #[cfg(doc)]
 use crate::ledger::LedgerError;
@@ -98,9 +103,11 @@ impl AllocatorService {
         AllocatorServer::new(self)
     }
 
-    /// This service as routes to pass to [`Node::serve`], next to the Raft service.
+    /// This service as routes to pass to [`Node::serve`], next to the Raft service, behind the
+    /// load-shedding gate of its group commit ([`Shed`]).
     pub fn into_routes(self) -> tonic::service::Routes {
-        tonic::service::Routes::new(self.into_server())
+        let commit = self.commit.clone();
+        tonic::service::Routes::new(Shed::new(self.into_server(), commit))
     }
 
     /// Commits `cmds` in one entry (with other calls' commands when grouped) and returns their

@@ -66,14 +66,20 @@ impl Dispatcher {
     }
 
     /// Sends `items` and returns one answer per item, in order; `true` with them when at
-    /// least one allocator node answered the call (the backoff resets), `false` when none did.
+    /// least one allocator node answered the call (the backoff resets), `false` when none did
+    /// or when it refused every item OVERLOADED (the agent backs off with jitter, issue 9
+    /// item 3): a Batch the allocator's commit queue refused item by item pauses the agent
+    /// like one its load-shedding gate refused whole, before decoding.
     pub async fn send(&self, items: &[Op]) -> (Vec<Answer>, bool) {
         if items.is_empty() {
             return (Vec::new(), true);
         }
         if self.now_ms() >= self.batch_off_until_ms.load(Ordering::Relaxed) {
             match self.send_batch(items).await {
-                Ok(answers) => return (answers, true),
+                Ok(answers) => {
+                    let up = !all_overloaded(&answers);
+                    return (answers, up);
+                }
                 Err(CallError::Unsupported) => {
                     tracing::info!("the allocator does not serve Batch; sending single calls");
                     let until = self
@@ -178,6 +184,14 @@ async fn single(link: &AllocatorLink, op: Op, timeout: Duration) -> Answer {
     }
 }
 
+/// Whether every answer is an OVERLOADED refusal (at least one answer).
+fn all_overloaded(answers: &[Answer]) -> bool {
+    !answers.is_empty()
+        && answers
+            .iter()
+            .all(|a| matches!(a, Answer::Failed(CallError::Overloaded { .. })))
+}
+
 /// One Batch item's answer: its outcome, or its typed error classified by the link's rules.
 fn classify_result(r: pb::BatchResult) -> Answer {
     match r.outcome {
@@ -195,6 +209,27 @@ fn classify_result(r: pb::BatchResult) -> Answer {
 mod tests {
     use super::*;
     use crate::lease::client::Fence;
+
+    #[test]
+    fn a_batch_refused_overloaded_item_by_item_counts_as_unanswered() {
+        let overloaded = || {
+            Answer::Failed(CallError::Overloaded {
+                message: "m".into(),
+            })
+        };
+        let done = || Answer::Done(Outcome::Release(pb::ReleaseResponse { returned: 1 }));
+        let fenced = || {
+            Answer::Failed(CallError::Fenced {
+                why: Fence::NotHolder,
+                message: "m".into(),
+            })
+        };
+        assert!(all_overloaded(&[overloaded()]));
+        assert!(all_overloaded(&[overloaded(), overloaded()]));
+        assert!(!all_overloaded(&[overloaded(), done()]));
+        assert!(!all_overloaded(&[fenced(), overloaded()]));
+        assert!(!all_overloaded(&[]));
+    }
 
     #[test]
     fn batch_items_are_classified_by_their_typed_error() {

@@ -63,6 +63,10 @@ pub struct GroupCommitConfig {
     /// Extra wait before each flush, to let more calls join; zero flushes as soon as an entry
     /// slot is free.
     pub window: Duration,
+    /// Whether the server refuses new writes from their headers alone while the queue is nearly
+    /// full ([`GroupCommit::shedding`]); `false` leaves every refusal to the exact bound, after
+    /// decoding (kept for comparison: `--no-shed` in the cluster benchmark).
+    pub shed_early: bool,
 }
 
 impl Default for GroupCommitConfig {
@@ -77,6 +81,7 @@ impl Default for GroupCommitConfig {
             max_entry_items: 256,
             max_in_flight: 4,
             window: Duration::ZERO,
+            shed_early: true,
         }
     }
 }
@@ -115,6 +120,10 @@ pub struct GroupCommit<A: Batching> {
     queued: Arc<AtomicUsize>,
     holds: Arc<watch::Sender<usize>>,
     capacity: usize,
+    /// Queued commands above which [`GroupCommit::shedding`] is true.
+    shed_above: usize,
+    /// Calls refused by the server's load-shedding gate (counted by [`GroupCommit::shed`]).
+    shed: Arc<AtomicU64>,
 }
 
 impl<A: Batching> Clone for GroupCommit<A> {
@@ -124,6 +133,8 @@ impl<A: Batching> Clone for GroupCommit<A> {
             queued: self.queued.clone(),
             holds: self.holds.clone(),
             capacity: self.capacity,
+            shed_above: self.shed_above,
+            shed: self.shed.clone(),
         }
     }
 }
@@ -160,11 +171,17 @@ impl<A: Batching> GroupCommit<A> {
             carry: None,
         };
         tokio::spawn(flusher.run());
+        let capacity = config.queue_items.max(1);
         Self {
             tx,
             queued,
             holds: Arc::new(holds),
-            capacity: config.queue_items.max(1),
+            capacity,
+            shed_above: match config.shed_early {
+                true => shed_above(capacity, config.max_entry_items.max(1)),
+                false => usize::MAX,
+            },
+            shed: Arc::new(AtomicU64::new(0)),
         }
     }
 
@@ -210,6 +227,29 @@ impl<A: Batching> GroupCommit<A> {
     /// Commands queued and not yet proposed.
     pub fn queued(&self) -> usize {
         self.queued.load(Ordering::Acquire)
+    }
+
+    /// Whether a new call should be refused before its body is even decoded (issue 9 item 3,
+    /// load shedding): the queue is within `min(max_entry_items, queue_items / 4)` commands of
+    /// full. A call that [`GroupCommit::submit`] would most likely refuse anyway is then
+    /// refused by the server for the price of its headers, not of decoding, converting and
+    /// answering each of its items; under twice the capacity, those refusals took CPU from
+    /// the commits (`docs/benchmarks.md`, "Overload"). The margin keeps the queue deep
+    /// enough to fill the next entries (a call that gets past the gate still meets the exact
+    /// bound in `submit`). Racy by design: a call shed a moment before the queue drained is
+    /// like one that arrived a moment earlier.
+    pub fn shedding(&self) -> bool {
+        self.queued.load(Ordering::Acquire) > self.shed_above
+    }
+
+    /// Counts one call refused because [`GroupCommit::shedding`] was true.
+    pub fn count_shed(&self) {
+        self.shed.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Calls refused because [`GroupCommit::shedding`] was true, since start.
+    pub fn shed(&self) -> u64 {
+        self.shed.load(Ordering::Relaxed)
     }
 
     /// Stops flushing until the returned guard is dropped: calls queue up (and are refused once
@@ -330,6 +370,13 @@ fn reserve(queued: &AtomicUsize, capacity: usize, n: usize) -> Result<(), Commit
     }
 }
 
+/// The queue depth above which new calls are shed before decoding: `capacity` less
+/// `min(max_entry_items, capacity / 4)` (the default 4,096 and 256: above 3,840). A queue of
+/// fewer than four commands is never shed early: its exact bound refuses alone.
+fn shed_above(capacity: usize, max_entry_items: usize) -> usize {
+    capacity - max_entry_items.min(capacity / 4)
+}
+
 /// The size of the next entry, in commands: `max_entry_items`, or an equal share of the
 /// `queued` commands over the `max_in_flight` entry slots when that is larger.
 fn entry_size(queued: usize, max_in_flight: usize, max_entry_items: usize) -> usize {
@@ -427,6 +474,24 @@ mod tests {
             reply,
         };
         (c, rx)
+    }
+
+    #[test]
+    fn calls_are_shed_only_within_a_quarter_queue_or_an_entry_of_full() {
+        // The defaults: shed above 3,840 of 4,096.
+        assert_eq!(shed_above(4_096, 256), 3_840);
+        // A small queue keeps three quarters.
+        assert_eq!(shed_above(64, 256), 48);
+        assert_eq!(shed_above(8, 4), 6);
+        // Below four commands nothing is shed early (the exact bound refuses alone).
+        assert_eq!(shed_above(3, 256), 3);
+        assert_eq!(shed_above(1, 1), 1);
+        // The extremes do not overflow.
+        assert_eq!(shed_above(usize::MAX, 1), usize::MAX - 1);
+        assert_eq!(
+            shed_above(usize::MAX, usize::MAX),
+            usize::MAX - usize::MAX / 4
+        );
     }
 
     #[test]

@@ -8,7 +8,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use allot_allocator::raft::GroupCommitConfig;
+use allot_allocator::ledger::Ledger;
+use allot_allocator::raft::{GroupCommit, GroupCommitConfig};
 use allot_proto::allot::v1 as pb;
 use pb::batch_item::Op;
 use pb::batch_result::Outcome;
@@ -377,6 +378,33 @@ fn status_detail(s: &Status) -> pb::ErrorDetail {
     allot_proto::error_detail::of(s).expect("an ErrorDetail in the details")
 }
 
+/// A 3-node cluster grouping with `commit`, the central policy installed: the cluster, its
+/// leader and the leader's commit queue.
+async fn with_policy_and_queue(
+    commit: GroupCommitConfig,
+) -> (LedgerCluster, u64, GroupCommit<Ledger>) {
+    let cluster = LedgerCluster::start_with(&[1, 2, 3], commit).await;
+    let leader = cluster.leader().await;
+    install(&cluster, leader).await;
+    let queue = cluster.daemons[&leader]
+        .group_commit()
+        .expect("grouped")
+        .clone();
+    (cluster, leader, queue)
+}
+
+/// Waits until `queue` holds exactly `n` commands.
+async fn queued_is(queue: &GroupCommit<Ledger>, n: usize) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while queue.queued() != n {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "queue never held {n}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn overload_and_passed_deadlines_are_refused_unapplied() {
     let _exclusive = exclusive().await;
@@ -385,27 +413,9 @@ async fn overload_and_passed_deadlines_are_refused_unapplied() {
         max_in_flight: 1,
         ..GroupCommitConfig::default()
     };
-    let mut cluster = LedgerCluster::start_with(&[1, 2, 3], commit).await;
-    let leader = cluster.leader().await;
-    install(&cluster, leader).await;
-    let queue = cluster.daemons[&leader]
-        .group_commit()
-        .expect("grouped")
-        .clone();
+    let (mut cluster, leader, queue) = with_policy_and_queue(commit).await;
     let c = cluster.client(leader);
-    let queued_is = |n: usize| {
-        let queue = queue.clone();
-        async move {
-            let deadline = tokio::time::Instant::now() + WAIT;
-            while queue.queued() != n {
-                assert!(
-                    tokio::time::Instant::now() < deadline,
-                    "queue never held {n}"
-                );
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        }
-    };
+    let queued_is = |n: usize| queued_is(&queue, n);
 
     // The flush is held and the one-command queue holds a decision: the next ones are refused.
     let hold = queue.hold();
@@ -480,5 +490,110 @@ async fn overload_and_passed_deadlines_are_refused_unapplied() {
         twice <= 2 * T && 2 * T - twice < REFILL_SLACK,
         "the late decision was not applied: {twice}"
     );
+    cluster.stop_all().await;
+}
+
+/// Load shedding (issue 9 item 3): while the leader's commit queue is nearly full, every write
+/// of the data plane (a Batch as a whole, a unary call, one forwarded by a follower) is refused
+/// RESOURCE_EXHAUSTED with an ErrorDetail OVERLOADED before its body is decoded, and nothing of
+/// it is applied; reads go through, and the queued calls commit once the flush resumes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nearly_full_queue_sheds_writes_whole_and_unapplied() {
+    let _exclusive = exclusive().await;
+    // Shed above 8 - min(2, 8 / 4) = 6 queued commands.
+    let commit = GroupCommitConfig {
+        queue_items: 8,
+        max_entry_items: 2,
+        max_in_flight: 1,
+        ..GroupCommitConfig::default()
+    };
+    let (mut cluster, leader, queue) = with_policy_and_queue(commit).await;
+    let c = cluster.client(leader);
+    // One decision first, so that the key has a state to read and to compare with.
+    let first = c
+        .clone()
+        .decide(decide("gw1", T, "first"))
+        .await
+        .expect("decide")
+        .into_inner();
+    assert!(first.allowed);
+    let before = consumed(&cluster).await;
+
+    // The flush is held and a Batch of 7 decisions waits in the queue: one above the threshold.
+    let hold = queue.hold();
+    let items: Vec<_> = (0..7)
+        .map(|i| item(Op::Decide(decide("gw1", T, &format!("q{i}")))))
+        .collect();
+    let mut a = c.clone();
+    let queued = tokio::spawn(async move { a.batch(pb::BatchRequest { items }).await });
+    queued_is(&queue, 7).await;
+    assert_eq!(queue.shed(), 0, "nothing shed below the threshold");
+
+    let shed = |s: Status| {
+        assert_eq!(s.code(), Code::ResourceExhausted, "{s:?}");
+        let d = status_detail(&s);
+        assert_eq!(reason(&d), pb::ErrorReason::Overloaded, "{d:?}");
+        assert!(d.message.contains("shedding"), "{d:?}");
+    };
+    let items = vec![
+        item(Op::Decide(decide("gw1", T, "s1"))),
+        item(Op::Decide(decide("gw1", T, "s2"))),
+    ];
+    shed(
+        c.clone()
+            .batch(pb::BatchRequest { items })
+            .await
+            .expect_err("a Batch is shed as a whole"),
+    );
+    shed(
+        c.clone()
+            .decide(decide("gw1", T, "s3"))
+            .await
+            .expect_err("a unary write is shed"),
+    );
+    let follower = *cluster
+        .daemons
+        .keys()
+        .find(|&&id| id != leader)
+        .expect("a follower");
+    shed(
+        cluster
+            .client(follower)
+            .decide(decide("gw1", T, "s4"))
+            .await
+            .expect_err("a forwarded write is shed by the leader"),
+    );
+    assert_eq!(queue.shed(), 3);
+    assert_eq!(queue.queued(), 7, "shed calls never entered the queue");
+    // A read is not shed.
+    c.clone()
+        .status(pb::StatusRequest {
+            key: Some(key("central", "acme")),
+        })
+        .await
+        .expect("a status read goes through while writes are shed");
+
+    drop(hold);
+    let r = queued
+        .await
+        .expect("task")
+        .expect("the queued batch commits")
+        .into_inner();
+    assert_eq!(r.results.len(), 7);
+    assert!(r.results.iter().all(|x| decided(x).allowed), "{r:?}");
+    let after = consumed(&cluster).await;
+    assert!(
+        after - before <= 7 * T && 7 * T - (after - before) < REFILL_SLACK,
+        "only the 7 queued decisions were applied: {}",
+        after - before
+    );
+    // The queue drained below the threshold: writes go through again.
+    let d = c
+        .clone()
+        .decide(decide("gw1", T, "after"))
+        .await
+        .expect("a write after the backlog drained")
+        .into_inner();
+    assert!(d.allowed);
     cluster.stop_all().await;
 }
