@@ -24,7 +24,10 @@
 //!    deadline, started on a fixed schedule whether or not earlier ones returned): goodput,
 //!    decisions committed per second, must stay near the capacity.
 //!
-//! Options: `--clients`, `--secs`, `--warmup-secs`, `--batch`, `--overload`, `--rate`; the group
+//! Options: `--clients`, `--secs`, `--warmup-secs`, `--batch`, `--overload`, `--rate`;
+//! `--only overload` (phases 3 and 5 alone), `--no-shed` (the leader's load shedding off),
+//! `--via-follower` (phases 3 and 5 call a follower, which forwards to the leader),
+//! `--no-follower-hold` (a follower never sheds for the leader); the group
 //! commit's `--queue-items`, `--entry-items`, `--in-flight`, `--window-us`; `--snapshot-every`
 //! Raft entries between snapshots (`RaftTimings::default()` otherwise), `--no-stagger` every
 //! voter building at the same index (openraft's own policy) instead of in turn; `--only at-rate` runs
@@ -204,6 +207,8 @@ struct Args {
     only_at_rate: bool,
     /// `--only overload`: run just phases 3 and 5 (capacity, then overload against it).
     only_overload: bool,
+    /// `--via-follower`: the clients of phases 3 and 5 call a follower, which forwards.
+    via_follower: bool,
     /// `--timeline-ms N`: print the at-rate phase's calls per N ms of start time (count, p99,
     /// max), to tell periodic stalls from queueing.
     timeline_ms: u64,
@@ -221,6 +226,7 @@ fn args() -> Args {
         timings: RaftTimings::default(),
         only_at_rate: false,
         only_overload: false,
+        via_follower: false,
         timeline_ms: 0,
     };
     let argv: Vec<String> = std::env::args().collect();
@@ -234,6 +240,16 @@ fn args() -> Args {
         }
         if argv[i] == "--no-shed" {
             a.commit.shed_early = false;
+            i += 1;
+            continue;
+        }
+        if argv[i] == "--no-follower-hold" {
+            a.commit.follower_shed_hold = Duration::ZERO;
+            i += 1;
+            continue;
+        }
+        if argv[i] == "--via-follower" {
+            a.via_follower = true;
             i += 1;
             continue;
         }
@@ -281,7 +297,8 @@ struct Cluster {
     _dir: tempfile::TempDir,
     daemons: BTreeMap<u64, Daemon>,
     leader: u64,
-    leader_addr: String,
+    /// Where clients connect: the leader, or a follower with `--via-follower`.
+    target_addr: String,
 }
 
 impl Cluster {
@@ -326,7 +343,7 @@ impl Cluster {
         let c = Cluster {
             _dir: dir,
             leader,
-            leader_addr: members[&leader].clone(),
+            target_addr: members[&leader].clone(),
             daemons,
         };
         c.connect(Clients::Shared)
@@ -341,10 +358,23 @@ impl Cluster {
         c
     }
 
-    /// A client of the leader on its own HTTP/2 connection, as a separate agent would have.
-    /// Made where `clients` run, so that the connection's tasks run there too.
+    /// With `yes`, clients connect to a follower (which forwards every call to the leader)
+    /// instead of the leader.
+    fn via_follower(mut self, yes: bool) -> Cluster {
+        if let (true, Some(d)) = (
+            yes,
+            self.daemons.values().find(|d| d.node().id() != self.leader),
+        ) {
+            self.target_addr = d.node().addr().to_string();
+        }
+        self
+    }
+
+    /// A client of the leader (or the follower of [`Cluster::via_follower`]) on its own HTTP/2
+    /// connection, as a separate agent would have. Made where `clients` run, so that the
+    /// connection's tasks run there too.
     async fn connect(&self, clients: Clients) -> AllocatorClient<Channel> {
-        let ep = tonic::transport::Endpoint::from_shared(format!("http://{}", self.leader_addr))
+        let ep = tonic::transport::Endpoint::from_shared(format!("http://{}", self.target_addr))
             .expect("valid address");
         clients
             .run(async move {
@@ -896,7 +926,9 @@ async fn main() {
         false => latency_phases(&a, &mut rows).await,
     };
 
-    let c = Cluster::start(Some(a.commit.clone()), &a.timings).await;
+    let c = Cluster::start(Some(a.commit.clone()), &a.timings)
+        .await
+        .via_follower(a.via_follower);
     let (s, entries) = closed_loop(&c, &a, Some(a.batch), Clients::Own).await;
     c.shutdown().await;
     let capacity = s.decisions as f64 / a.secs as f64;
@@ -912,7 +944,9 @@ async fn main() {
     // Offered: `overload` × capacity, in calls of `batch` items on a fixed schedule.
     let calls_per_s = (capacity * a.overload as f64 / a.batch as f64).max(1.0);
     let every = Duration::from_secs_f64(1.0 / calls_per_s);
-    let c = Cluster::start(Some(a.commit.clone()), &a.timings).await;
+    let c = Cluster::start(Some(a.commit.clone()), &a.timings)
+        .await
+        .via_follower(a.via_follower);
     let (s, entries) = open_loop(&c, &a, a.batch, every, Clients::Own).await;
     eprintln!("after the overload phase: {}", c.health());
     c.shutdown().await;
@@ -1005,8 +1039,13 @@ async fn at_rate(a: &Args, base_rate: f64, rows: &mut Vec<(String, String)>) -> 
 
 fn print_rows(a: &Args, rows: &[(String, String)]) {
     println!(
-        "3 nodes, loopback, sled fsync per append; {} clients, {} s measured after {} s warm-up; group commit {:?}; snapshot every {} entries{}",
+        "3 nodes, loopback, sled fsync per append; {} clients{}, {} s measured after {} s warm-up; group commit {:?}; snapshot every {} entries{}",
         a.clients,
+        if a.via_follower {
+            " (of a follower in the Batch and overload phases)"
+        } else {
+            ""
+        },
         a.secs,
         a.warmup_secs,
         a.commit,

@@ -43,7 +43,7 @@ pub use data_plane::MAX_BATCH_ITEMS;
 pub use deadline::{deadline_of, parse_grpc_timeout};
 pub use errors::ledger_error;
 pub use forward::FORWARDED_HEADER;
-pub use shed::Shed;
+pub use shed::{LeaderShedding, Shed};
 
 #[cfg(doc)]
 use crate::ledger::LedgerError;
@@ -74,6 +74,8 @@ pub struct AllocatorService {
     connect: Arc<dyn ChannelFactory>,
     /// `None`: every write is its own Raft entry (the unbatched path, kept for comparison).
     commit: Option<GroupCommit<Ledger>>,
+    /// Set when the leader shed a write this node forwarded ([`Shed`]).
+    leader_shedding: Arc<LeaderShedding>,
 }
 
 impl AllocatorService {
@@ -81,6 +83,9 @@ impl AllocatorService {
     /// per write). Status reads are computed at the stamp a write would get now (the node's
     /// ledger time, never ahead of real time: see [`crate::raft::ledger_time`]).
     pub fn new(node: Arc<Node<Ledger>>, commit: Option<GroupCommit<Ledger>>) -> Self {
+        let hold = commit
+            .as_ref()
+            .map_or(std::time::Duration::ZERO, |c| c.follower_shed_hold());
         AllocatorService {
             node,
             channels: Mutex::new(HashMap::new()),
@@ -88,6 +93,7 @@ impl AllocatorService {
                 connect_timeout: std::time::Duration::from_secs(1),
             }),
             commit,
+            leader_shedding: Arc::new(LeaderShedding::new(hold)),
         }
     }
 
@@ -106,8 +112,8 @@ impl AllocatorService {
     /// This service as routes to pass to [`Node::serve`], next to the Raft service, behind the
     /// load-shedding gate of its group commit ([`Shed`]).
     pub fn into_routes(self) -> tonic::service::Routes {
-        let commit = self.commit.clone();
-        tonic::service::Routes::new(Shed::new(self.into_server(), commit))
+        let (commit, leader) = (self.commit.clone(), self.leader_shedding.clone());
+        tonic::service::Routes::new(Shed::new(self.into_server(), commit, leader))
     }
 
     /// Commits `cmds` in one entry (with other calls' commands when grouped) and returns their

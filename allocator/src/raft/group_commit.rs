@@ -67,6 +67,12 @@ pub struct GroupCommitConfig {
     /// full ([`GroupCommit::shedding`]); `false` leaves every refusal to the exact bound, after
     /// decoding (kept for comparison: `--no-shed` in the cluster benchmark).
     pub shed_early: bool,
+    /// How long a follower sheds the agents' writes itself after the leader shed one it
+    /// forwarded (`service::LeaderShedding`); zero: never, every write is forwarded. The
+    /// default, 20 ms, is about what the leader's shedding margin (at most 256 commands)
+    /// takes to drain at tens of thousands of commands a second, and far below the agents'
+    /// own backoff after a shed answer (250 ms and up).
+    pub follower_shed_hold: Duration,
 }
 
 impl Default for GroupCommitConfig {
@@ -82,6 +88,7 @@ impl Default for GroupCommitConfig {
             max_in_flight: 4,
             window: Duration::ZERO,
             shed_early: true,
+            follower_shed_hold: Duration::from_millis(20),
         }
     }
 }
@@ -124,6 +131,8 @@ pub struct GroupCommit<A: Batching> {
     shed_above: usize,
     /// Calls refused by the server's load-shedding gate (counted by [`GroupCommit::shed`]).
     shed: Arc<AtomicU64>,
+    /// [`GroupCommitConfig::follower_shed_hold`].
+    follower_shed_hold: Duration,
 }
 
 impl<A: Batching> Clone for GroupCommit<A> {
@@ -135,6 +144,7 @@ impl<A: Batching> Clone for GroupCommit<A> {
             capacity: self.capacity,
             shed_above: self.shed_above,
             shed: self.shed.clone(),
+            follower_shed_hold: self.follower_shed_hold,
         }
     }
 }
@@ -182,6 +192,7 @@ impl<A: Batching> GroupCommit<A> {
                 false => usize::MAX,
             },
             shed: Arc::new(AtomicU64::new(0)),
+            follower_shed_hold: config.follower_shed_hold,
         }
     }
 
@@ -245,6 +256,11 @@ impl<A: Batching> GroupCommit<A> {
     /// Counts one call refused because [`GroupCommit::shedding`] was true.
     pub fn count_shed(&self) {
         self.shed.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// [`GroupCommitConfig::follower_shed_hold`].
+    pub fn follower_shed_hold(&self) -> Duration {
+        self.follower_shed_hold
     }
 
     /// Calls refused because [`GroupCommit::shedding`] was true, since start.

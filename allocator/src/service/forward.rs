@@ -4,6 +4,8 @@
 //! (`errors::not_leader`).
 
 use super::errors::not_leader;
+#[cfg(doc)]
+use super::Shed;
 use super::{AllocatorService, Client};
 use allot_proto::allot::v1::allocator_client::AllocatorClient;
 use std::future::Future;
@@ -53,6 +55,11 @@ impl AllocatorService {
         match tokio::time::timeout(FORWARD_TIMEOUT, forward(self.client(&addr)?)).await {
             Err(_elapsed) => Err(Status::deadline_exceeded("the forwarded call timed out")),
             Ok(Err(s)) if s.code() == Code::Unavailable => Err(not_leader(leader_id, Some(addr))),
+            Ok(Err(s)) => {
+                // A write the leader shed: shed the next ones here for a while ([`Shed`]).
+                self.leader_shedding.observe(&s);
+                Err(s)
+            }
             Ok(other) => other,
         }
     }

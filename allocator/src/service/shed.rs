@@ -10,27 +10,38 @@
 //!
 //! Only the agents' writes are shed: Acquire, Report, Release, Decide and Batch. Status reads,
 //! the operators' calls (policies and shares queue too, but are rare and must get through) and
-//! Raft's own RPCs (a separate service, never wrapped) always go through. A follower's queue
-//! never fills (its proposals fail at once with NOT_LEADER and the call is forwarded), so in
-//! practice only the leader sheds; a follower still decodes and forwards what the leader then
-//! sheds.
+//! Raft's own RPCs (a separate service, never wrapped) always go through.
+//!
+//! A follower's queue never fills (its proposals fail at once with NOT_LEADER and the call is
+//! forwarded), so the leader's queue decides. A follower that gets a forwarded write shed by
+//! the leader sheds the agents' writes itself for a moment ([`LeaderShedding`],
+//! [`GroupCommitConfig::follower_shed_hold`]),
+//! so that under overload the calls that reach a follower are not decoded, queued, encoded
+//! and forwarded only to be refused; the first write after the hold is forwarded again and
+//! finds out whether the leader still sheds.
 
 use std::convert::Infallible;
 use std::future::{ready, Ready};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use allot_proto::allot::v1 as pb;
 use allot_proto::error_detail;
 use futures_util::future::Either;
+use tokio::time::Instant;
 use tonic::body::Body;
 use tonic::codegen::http;
 use tonic::server::NamedService;
-use tonic::Code;
+use tonic::{Code, Status};
 use tower::Service;
 
 use super::errors::detail;
 use crate::ledger::Ledger;
 use crate::raft::GroupCommit;
+#[cfg(doc)]
+use crate::raft::GroupCommitConfig;
 
 /// The agents' writes of `allot.v1.Allocator` (full gRPC paths): what is shed.
 const SHED_METHODS: [&str; 5] = [
@@ -41,26 +52,93 @@ const SHED_METHODS: [&str; 5] = [
     "/allot.v1.Allocator/Batch",
 ];
 
-/// `inner` (the allocator's tonic server) behind the load-shedding gate of `commit`; with no
-/// group commit (the unbatched path) nothing is shed.
+/// Until when this node (a follower) sheds because the leader shed a write it forwarded: a
+/// monotonic instant as nanoseconds after `epoch`, 0 for never. Cheap to share.
+#[derive(Debug)]
+pub struct LeaderShedding {
+    epoch: Instant,
+    until_ns: AtomicU64,
+    /// How long a shed answer holds, ns; 0: never.
+    hold_ns: u64,
+}
+
+impl LeaderShedding {
+    /// Holds of `hold` after each shed answer (zero: never shed for the leader).
+    pub fn new(hold: Duration) -> Self {
+        LeaderShedding {
+            epoch: Instant::now(),
+            until_ns: AtomicU64::new(0),
+            hold_ns: u64::try_from(hold.as_nanos()).unwrap_or(u64::MAX),
+        }
+    }
+
+    /// Nanoseconds from `epoch` to now (saturating).
+    fn now_ns(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// Notes the leader's answer to a forwarded call: a shed write starts (or extends) the
+    /// hold.
+    pub fn observe(&self, answer: &Status) {
+        self.observe_at(answer, self.now_ns());
+    }
+
+    /// Whether the hold is running.
+    pub fn active(&self) -> bool {
+        self.active_at(self.now_ns())
+    }
+
+    /// [`LeaderShedding::observe`] at `now_ns` after the epoch.
+    fn observe_at(&self, answer: &Status, now_ns: u64) {
+        if is_shed(answer) {
+            let until = now_ns.saturating_add(self.hold_ns);
+            self.until_ns.fetch_max(until, Ordering::Relaxed);
+        }
+    }
+
+    /// [`LeaderShedding::active`] at `now_ns` after the epoch.
+    fn active_at(&self, now_ns: u64) -> bool {
+        now_ns < self.until_ns.load(Ordering::Relaxed)
+    }
+}
+
+/// Whether `s` is a write refused OVERLOADED as a whole (shed, or refused by the queue bound).
+fn is_shed(s: &Status) -> bool {
+    s.code() == Code::ResourceExhausted
+        && error_detail::of(s).is_some_and(|d| d.reason == pb::ErrorReason::Overloaded as i32)
+}
+
+/// `inner` (the allocator's tonic server) behind the load-shedding gate of `commit` and of the
+/// leader's last answers (`leader`); with no group commit (the unbatched path) nothing is shed.
 #[derive(Clone)]
 pub struct Shed<S> {
     inner: S,
     commit: Option<GroupCommit<Ledger>>,
+    leader: Arc<LeaderShedding>,
 }
 
 impl<S> Shed<S> {
-    /// `inner` behind the gate of `commit`.
-    pub fn new(inner: S, commit: Option<GroupCommit<Ledger>>) -> Self {
-        Shed { inner, commit }
+    /// `inner` behind the gate of `commit` and `leader`.
+    pub fn new(inner: S, commit: Option<GroupCommit<Ledger>>, leader: Arc<LeaderShedding>) -> Self {
+        Shed {
+            inner,
+            commit,
+            leader,
+        }
     }
 
-    /// Whether a request for `path` is refused now.
-    fn sheds(&self, path: &str) -> bool {
-        match &self.commit {
-            Some(c) => c.shedding() && SHED_METHODS.contains(&path),
-            None => false,
+    /// Whether a request for `path` is refused now, and why.
+    fn sheds(&self, path: &str) -> Option<&'static str> {
+        let c = self.commit.as_ref()?;
+        if !SHED_METHODS.contains(&path) {
+            return None;
         }
+        if c.shedding() {
+            return Some("the allocator is shedding load (its commit queue is nearly full)");
+        }
+        self.leader
+            .active()
+            .then_some("the allocator is shedding load (the leader shed a forwarded write)")
     }
 }
 
@@ -81,7 +159,7 @@ where
     }
 
     fn call(&mut self, req: http::Request<Body>) -> Self::Future {
-        if self.sheds(req.uri().path()) {
+        if let Some(why) = self.sheds(req.uri().path()) {
             if let Some(c) = &self.commit {
                 c.count_shed();
             }
@@ -92,7 +170,7 @@ where
             // 1,024) could end a long-lived connection, the followers' forwarding channel
             // first, with GOAWAY under steady shedding.
 
-            return Either::Left(ready(Ok(overloaded())));
+            return Either::Left(ready(Ok(overloaded(why))));
         }
         Either::Right(self.inner.call(req))
     }
@@ -100,10 +178,10 @@ where
 
 /// The answer to a shed call: RESOURCE_EXHAUSTED with an ErrorDetail OVERLOADED, as a queue
 /// refusal of a unary call is answered.
-fn overloaded() -> http::Response<Body> {
+fn overloaded(why: &str) -> http::Response<Body> {
     let d = detail(
         pb::ErrorReason::Overloaded,
-        "the allocator is shedding load (its commit queue is nearly full); nothing was applied",
+        format!("{why}; nothing was applied"),
     );
     error_detail::status(Code::ResourceExhausted, &d).into_http()
 }
@@ -136,5 +214,39 @@ mod tests {
             let raft = format!("/allot.v1.RaftService/{m}");
             assert!(!SHED_METHODS.contains(&raft.as_str()), "{m}");
         }
+    }
+
+    #[test]
+    fn a_shed_answer_from_the_leader_holds_for_a_while() {
+        let hold = 20_000_000;
+        let l = LeaderShedding::new(Duration::from_nanos(hold));
+        let t0 = 1_000;
+        assert!(!l.active_at(t0));
+        l.observe_at(&Status::resource_exhausted("no detail"), t0);
+        l.observe_at(&Status::unavailable("x"), t0);
+        assert!(
+            !l.active_at(t0),
+            "only an OVERLOADED refusal starts the hold"
+        );
+        let overloaded = detail(pb::ErrorReason::Overloaded, "m");
+        let other = detail(pb::ErrorReason::KeyCapReached, "m");
+        l.observe_at(&error_detail::status(Code::ResourceExhausted, &other), t0);
+        assert!(!l.active_at(t0), "a table cap is not load");
+        let shed = error_detail::status(Code::ResourceExhausted, &overloaded);
+        l.observe_at(&shed, t0);
+        assert!(l.active_at(t0));
+        assert!(l.active_at(t0 + hold - 1));
+        assert!(!l.active_at(t0 + hold), "the hold ends");
+        // A later shed answer extends it; an earlier one (a late thread) never shortens it.
+        l.observe_at(&shed, t0 + hold);
+        l.observe_at(&shed, t0);
+        assert!(l.active_at(t0 + 2 * hold - 1));
+        // At the end of time the hold saturates instead of wrapping.
+        l.observe_at(&shed, u64::MAX - 1);
+        assert!(l.active_at(u64::MAX - 1));
+        // A zero hold never sheds.
+        let never = LeaderShedding::new(Duration::ZERO);
+        never.observe_at(&shed, t0);
+        assert!(!never.active_at(t0));
     }
 }

@@ -564,6 +564,34 @@ async fn a_nearly_full_queue_sheds_writes_whole_and_unapplied() {
             .expect_err("a forwarded write is shed by the leader"),
     );
     assert_eq!(queue.shed(), 3);
+    // The follower, told so by the leader, sheds the next writes itself for a moment
+    // (`follower_shed_hold`, 20 ms by default), without forwarding them (a write after the hold is forwarded, shed by the leader and starts the
+    // hold again: a few tries find one shed by the follower on any machine).
+    let follower_queue = cluster.daemons[&follower]
+        .group_commit()
+        .expect("grouped")
+        .clone();
+    for i in 0..50 {
+        shed(
+            cluster
+                .client(follower)
+                .decide(decide("gw1", T, &format!("f{i}")))
+                .await
+                .expect_err("shed by the follower or the leader"),
+        );
+        if follower_queue.shed() > 0 {
+            break;
+        }
+    }
+    assert!(
+        follower_queue.shed() > 0,
+        "the follower never shed a write itself"
+    );
+    let by_leader = queue.shed();
+    assert!(
+        by_leader < 3 + 50,
+        "the follower forwarded every write: {by_leader}"
+    );
     assert_eq!(queue.queued(), 7, "shed calls never entered the queue");
     // A read is not shed.
     c.clone()
