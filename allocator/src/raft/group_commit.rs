@@ -67,8 +67,8 @@ pub struct GroupCommitConfig {
     /// full ([`GroupCommit::shedding`]); `false` leaves every refusal to the exact bound, after
     /// decoding (kept for comparison: `--no-shed` in the cluster benchmark).
     pub shed_early: bool,
-    /// How long a follower sheds the agents' writes itself after the leader shed one it
-    /// forwarded (`service::LeaderShedding`); zero: never, every write is forwarded. The
+    /// How long a follower sheds the agents' writes itself after the leader refused one it
+    /// forwarded OVERLOADED as a whole (`service::LeaderShedding`); zero: never. The
     /// default, 20 ms, is about what the leader's shedding margin (at most 256 commands)
     /// takes to drain at tens of thousands of commands a second, and far below the agents'
     /// own backoff after a shed answer (250 ms and up).
@@ -253,7 +253,9 @@ impl<A: Batching> GroupCommit<A> {
         self.queued.load(Ordering::Acquire) > self.shed_above
     }
 
-    /// Counts one call refused because [`GroupCommit::shedding`] was true.
+    /// Counts one call the server's load-shedding gate refused (because
+    /// [`GroupCommit::shedding`] was true, or, on a follower, because the leader had just
+    /// refused a forwarded write OVERLOADED).
     pub fn count_shed(&self) {
         self.shed.fetch_add(1, Ordering::Relaxed);
     }
@@ -263,7 +265,7 @@ impl<A: Batching> GroupCommit<A> {
         self.follower_shed_hold
     }
 
-    /// Calls refused because [`GroupCommit::shedding`] was true, since start.
+    /// Calls the server's load-shedding gate refused since start ([`GroupCommit::count_shed`]).
     pub fn shed(&self) -> u64 {
         self.shed.load(Ordering::Relaxed)
     }

@@ -56,7 +56,8 @@ impl AllocatorService {
             Err(_elapsed) => Err(Status::deadline_exceeded("the forwarded call timed out")),
             Ok(Err(s)) if s.code() == Code::Unavailable => Err(not_leader(leader_id, Some(addr))),
             Ok(Err(s)) => {
-                // A write the leader shed: shed the next ones here for a while ([`Shed`]).
+                // A write the leader refused OVERLOADED: shed the next ones here for a while
+                // ([`Shed`]).
                 self.leader_shedding.observe(&s);
                 Err(s)
             }

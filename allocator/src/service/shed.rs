@@ -12,13 +12,16 @@
 //! the operators' calls (policies and shares queue too, but are rare and must get through) and
 //! Raft's own RPCs (a separate service, never wrapped) always go through.
 //!
-//! A follower's queue never fills (its proposals fail at once with NOT_LEADER and the call is
-//! forwarded), so the leader's queue decides. A follower that gets a forwarded write shed by
+//! A follower offers a write to its own queue first (its proposal fails with NOT_LEADER and
+//! the call is forwarded); under a flood that queue fills too and the follower sheds by the
+//! same rule. Besides, a follower that gets a forwarded write refused OVERLOADED as a whole by
 //! the leader sheds the agents' writes itself for a moment ([`LeaderShedding`],
-//! [`GroupCommitConfig::follower_shed_hold`]),
-//! so that under overload the calls that reach a follower are not decoded, queued, encoded
-//! and forwarded only to be refused; the first write after the hold is forwarded again and
-//! finds out whether the leader still sheds.
+//! [`GroupCommitConfig::follower_shed_hold`]), so that under overload the calls that reach a
+//! follower are not decoded, queued, encoded and forwarded only to be refused; the first write
+//! after the hold is forwarded again and finds out whether the leader still sheds. A call that
+//! a follower forwarded is never shed for that hold (only by the receiving node's own queue):
+//! a node that has just become leader answers it, or a follower answers NOT_LEADER with where
+//! the leader is.
 
 use std::convert::Infallible;
 use std::future::{ready, Ready};
@@ -38,6 +41,7 @@ use tonic::{Code, Status};
 use tower::Service;
 
 use super::errors::detail;
+use super::forward::FORWARDED_HEADER;
 use crate::ledger::Ledger;
 use crate::raft::GroupCommit;
 #[cfg(doc)]
@@ -77,8 +81,9 @@ impl LeaderShedding {
         u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
     }
 
-    /// Notes the leader's answer to a forwarded call: a shed write starts (or extends) the
-    /// hold.
+    /// Notes the leader's answer to a forwarded call: a write refused OVERLOADED as a whole
+    /// (shed, or a unary write refused by the leader's exact queue bound) starts (or extends)
+    /// the hold.
     pub fn observe(&self, answer: &Status) {
         self.observe_at(answer, self.now_ns());
     }
@@ -127,18 +132,18 @@ impl<S> Shed<S> {
         }
     }
 
-    /// Whether a request for `path` is refused now, and why.
-    fn sheds(&self, path: &str) -> Option<&'static str> {
+    /// Whether `req` is refused now, and why.
+    fn sheds<B>(&self, req: &http::Request<B>) -> Option<&'static str> {
         let c = self.commit.as_ref()?;
-        if !SHED_METHODS.contains(&path) {
+        if !SHED_METHODS.contains(&req.uri().path()) {
             return None;
         }
         if c.shedding() {
             return Some("the allocator is shedding load (its commit queue is nearly full)");
         }
-        self.leader
-            .active()
-            .then_some("the allocator is shedding load (the leader shed a forwarded write)")
+        let forwarded = req.headers().contains_key(FORWARDED_HEADER);
+        (!forwarded && self.leader.active())
+            .then_some("the allocator is shedding load (the leader refused a forwarded write)")
     }
 }
 
@@ -159,7 +164,7 @@ where
     }
 
     fn call(&mut self, req: http::Request<Body>) -> Self::Future {
-        if let Some(why) = self.sheds(req.uri().path()) {
+        if let Some(why) = self.sheds(&req) {
             if let Some(c) = &self.commit {
                 c.count_shed();
             }
@@ -169,7 +174,6 @@ where
             // the server sets no limit on those (tonic's default); a limit (hyper's usual
             // 1,024) could end a long-lived connection, the followers' forwarding channel
             // first, with GOAWAY under steady shedding.
-
             return Either::Left(ready(Ok(overloaded(why))));
         }
         Either::Right(self.inner.call(req))
