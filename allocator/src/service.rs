@@ -7,8 +7,9 @@
 //! items are unaffected). Under overload a call is refused at once, unapplied: a unary call with
 //! RESOURCE_EXHAUSTED and an ErrorDetail OVERLOADED in the status details, each Batch item with
 //! that ErrorDetail; while the queue is nearly full, an agent's write (a Batch too) is refused
-//! that way as a whole, before its body is decoded ([`Shed`]). The caller's `grpc-timeout` travels with its commands: those still queued
-//! when it passes are dropped unapplied (DEADLINE_EXCEEDED, the same way).
+//! that way as a whole, before its body is decoded ([`Shed`]). The caller's `grpc-timeout`
+//! travels with its commands: those still queued when it passes are dropped unapplied
+//! (DEADLINE_EXCEEDED, the same way).
 //!
 //! A follower forwards writes, Batch and status reads to the leader once (marked with
 //! [`FORWARDED_HEADER`], so a call is never forwarded twice, and with the caller's remaining
@@ -74,7 +75,7 @@ pub struct AllocatorService {
     connect: Arc<dyn ChannelFactory>,
     /// `None`: every write is its own Raft entry (the unbatched path, kept for comparison).
     commit: Option<GroupCommit<Ledger>>,
-    /// Set when the leader shed a write this node forwarded ([`Shed`]).
+    /// Set when the leader refused a write this node forwarded OVERLOADED ([`Shed`]).
     leader_shedding: Arc<LeaderShedding>,
 }
 
