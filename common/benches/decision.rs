@@ -23,8 +23,6 @@
 //! than this process are never used). The recorded results are in `docs/benchmarks.md`.
 
 use allot_common::algorithm::{Gcra, Rate, RateAlgorithm, TokenBucket};
-use allot_common::config::ConfigSet;
-use allot_common::descriptor::{Descriptor, Entry, Request};
 use allot_common::direct::DirectLimiter;
 use allot_common::units::{tokens_to_micros, NANOS_PER_SEC};
 use allot_common::{Clock, Code, Limiter, ManualClock, MonotonicClock};
@@ -40,6 +38,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Barrier;
 use std::time::{Duration, Instant, SystemTime};
 
+mod keyed;
+use keyed::KEYS;
+
 /// One token, in microtokens.
 const ONE: u64 = 1_000_000;
 /// "Huge" rate of the allowing cases: 10^9 per second (governor: 1 ns per cell).
@@ -47,8 +48,6 @@ const HUGE: u64 = 1_000_000_000;
 /// Burst of the allowing cases: with the manual clocks time never advances, so this many
 /// decisions must pass on one key before it would start denying (a full run makes < 10^9).
 const BURST: u32 = 4_000_000_000;
-/// Distinct keys of the keyed case.
-const KEYS: usize = 10_000;
 
 type GovDirect<C> =
     RateLimiter<NotKeyed, InMemoryState, C, NoOpMiddleware<<C as governor::clock::Clock>::Instant>>;
@@ -277,48 +276,11 @@ fn bench_threads(c: &mut Criterion) {
     g.finish();
 }
 
-fn keyed_config(algorithm: &str) -> ConfigSet {
-    let yaml = format!(
-        "domain: bench\n\
-         descriptors:\n  \
-           - key: tenant\n    \
-             rate_limit:\n      \
-               unit: second\n      \
-               requests_per_unit: {HUGE}\n      \
-               algorithm: {algorithm}\n      \
-               max_keys: 100000\n"
-    );
-    ConfigSet::from_yaml(&yaml, Path::new("bench.yaml")).expect("bench config")
-}
-
 fn bench_keyed(c: &mut Criterion) {
-    let values: Vec<String> = (0..KEYS).map(|i| format!("tenant-{i:05}")).collect();
-    let entries: Vec<[Entry<'_>; 1]> = values
-        .iter()
-        .map(|v| {
-            [Entry {
-                key: "tenant",
-                value: v,
-            }]
-        })
-        .collect();
-    let descriptors: Vec<[Descriptor<'_>; 1]> = entries
-        .iter()
-        .map(|e| {
-            [Descriptor {
-                entries: e,
-                hits_addend: None,
-            }]
-        })
-        .collect();
-    let requests: Vec<Request<'_>> = descriptors
-        .iter()
-        .map(|d| Request {
-            domain: "bench",
-            descriptors: d,
-            hits_addend: None,
-        })
-        .collect();
+    let values = keyed::values();
+    let entries = keyed::entries(&values);
+    let descriptors = keyed::descriptors(&entries);
+    let requests = keyed::requests(&descriptors);
     let gov_keys: Vec<String> = values.clone();
 
     let mut g = c.benchmark_group("keyed10k_allow");
@@ -333,7 +295,7 @@ fn bench_keyed(c: &mut Criterion) {
             ("allot_token_bucket", "token_bucket"),
             ("allot_gcra", "gcra"),
         ] {
-            let limiter = Limiter::new(keyed_config(alg), now());
+            let limiter = Limiter::new(keyed::config(alg), now());
             let mut statuses = Vec::with_capacity(4);
             // Create every key before measuring: the steady state is lookups of existing keys.
             for r in &requests {

@@ -292,11 +292,7 @@ impl DomainConfig {
         let mut any = false;
         for (key, value) in entries {
             any = true;
-            let children = self.nodes[node].children.get(key)?;
-            node = match children.by_value.get(value) {
-                Some(&n) => n,
-                None => children.any?,
-            };
+            node = self.child(node, key, value)?;
         }
         if !any {
             return None;
@@ -305,10 +301,34 @@ impl DomainConfig {
     }
 
     /// [`match_rule`](Self::match_rule) on a request descriptor's entries, the form every
-    /// decision and refund path holds them in.
+    /// decision and refund path holds them in: the same walk over the slice itself, in line
+    /// (the decision path's; through the generic iterator it was a call of ~85 instructions
+    /// for one entry, issue 13 item 4).
     #[inline]
     pub fn match_entries(&self, entries: &[Entry<'_>]) -> Option<usize> {
-        self.match_rule(entries.iter().map(|e| (e.key, e.value)))
+        if entries.is_empty() {
+            return None;
+        }
+        let mut node = 0usize;
+        for e in entries {
+            node = self.child(node, e.key, e.value)?;
+        }
+        self.nodes[node].rule
+    }
+
+    /// The node an entry leads to from `node`: the child with its exact value, else the one
+    /// without a value; `None` when its key has no child. A key without valued children (a rule
+    /// per key, the usual case) skips the value lookup.
+    #[inline]
+    fn child(&self, node: usize, key: &str, value: &str) -> Option<usize> {
+        let children = self.nodes[node].children.get(key)?;
+        if children.by_value.is_empty() {
+            return children.any;
+        }
+        match children.by_value.get(value) {
+            Some(&n) => Some(n),
+            None => children.any,
+        }
     }
 }
 
