@@ -7,11 +7,11 @@
 //!
 //! The `keyed10k_allow` case of the `decision` bench (10,000 keys visited round-robin, a huge
 //! rate so that every decision passes, manual clocks: our `ManualClock`, governor's
-//! `FakeRelativeClock`), but counted instead of timed. Instruction counts are exact and
-//! repeatable, where this 2-core guest's timings move by 2× between runs, so a change to the
-//! decision path can be judged by them first; they are not time (cache misses and atomic
-//! read-modify-writes cost far more than their one instruction), so `decision` stays the
-//! measure of the target.
+//! `FakeRelativeClock`), but counted instead of timed. Instruction counts repeat within a few
+//! (the hash seeds are random), where this 2-core guest's timings move by 2× between runs, so a
+//! change to the decision path can be judged by them first; they are not time (cache misses
+//! and atomic read-modify-writes cost far more than their one instruction), so `decision`
+//! stays the measure of the target.
 //!
 //! Each case runs this same binary under `valgrind --tool=callgrind` twice, with 0 and with N
 //! decisions after the same setup (every key created first), and reports the difference / N.
