@@ -365,11 +365,12 @@ pub fn key_matches(entries: &[Entry<'_>], key: &[u8]) -> bool {
 /// keys, equality is [`key_matches`] on the whole canonical key, and the entries' *keys* are
 /// the same for every key of one rule (matching walks the rule's node path key by key), so
 /// hashing them would add nothing but work. Values go in without length prefixes: with foldhash
-/// (every key table's hasher) each `write` rotates the state by its length, so `("ab", "c")`
+/// (every key table's hasher, the only caller's; a hasher that does not mix lengths in would
+/// hash those two alike) each `write` rotates the state by its length, so `("ab", "c")`
 /// and `("a", "bc")` still hash apart. Both cuts save ~60 instructions a decision against
 /// hashing every key and length (issue 13 item 4).
 #[inline]
-pub fn hash_entries<H: Hasher>(entries: &[Entry<'_>], h: &mut H) {
+pub(crate) fn hash_entries(entries: &[Entry<'_>], h: &mut impl Hasher) {
     for e in entries {
         h.write(e.value.as_bytes());
     }

@@ -836,4 +836,66 @@ mod tests {
         assert_eq!(d.match_rule(std::iter::empty()), None);
         assert_eq!(d.rules[1].id, "d|tenant|op=search");
     }
+
+    /// `match_entries` (the decision path's walk over the entries in line, with its shortcut
+    /// for keys without valued children) answers as `match_rule` does, for every combination
+    /// of up to three entries drawn from keys and values the tree has and has not.
+    #[test]
+    fn match_entries_answers_as_match_rule() {
+        use crate::descriptor::Entry;
+        let d = domain(
+            "domain: d
+descriptors:
+  - key: tenant
+    rate_limit: {unit: second, requests_per_unit: 1}
+    descriptors:
+      - key: op
+        value: search
+        rate_limit: {unit: second, requests_per_unit: 2}
+      - key: op
+        rate_limit: {unit: second, requests_per_unit: 3}
+      - key: plan
+        value: gold
+        descriptors:
+          - key: region
+            rate_limit: {unit: second, requests_per_unit: 4}
+  - key: ip
+    value: 10.0.0.1
+    rate_limit: {unit: second, requests_per_unit: 5}
+",
+            Path::new("t.yaml"),
+        )
+        .unwrap();
+        let parts = [
+            ("tenant", "a"),
+            ("op", "search"),
+            ("op", "list"),
+            ("plan", "gold"),
+            ("plan", "free"),
+            ("region", "eu"),
+            ("ip", "10.0.0.1"),
+            ("ip", "10.0.0.2"),
+            ("x", "y"),
+        ];
+        let mut walks: Vec<Vec<(&str, &str)>> = vec![vec![]];
+        for _ in 0..3 {
+            let longer: Vec<_> = walks
+                .iter()
+                .flat_map(|w| parts.iter().map(move |p| [w.clone(), vec![*p]].concat()))
+                .collect();
+            walks.extend(longer.into_iter().filter(|w| w.len() <= 3));
+            walks.sort();
+            walks.dedup();
+        }
+        let mut matched = 0;
+        for w in &walks {
+            let entries: Vec<Entry<'_>> =
+                w.iter().map(|&(key, value)| Entry { key, value }).collect();
+            let want = d.match_rule(w.iter().copied());
+            assert_eq!(d.match_entries(&entries), want, "{w:?}");
+            matched += usize::from(want.is_some());
+        }
+        assert_eq!(walks.len(), 1 + 9 + 81 + 729);
+        assert!(matched >= 5, "every rule is reached by some walk");
+    }
 }

@@ -37,6 +37,7 @@ use hashbrown::HashMap;
 use null::NoGlobal;
 use parking_lot::Mutex;
 use std::cell::{Cell, RefCell};
+use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -75,14 +76,14 @@ thread_local! {
 }
 
 /// One decision's loan of the cached snapshot: counted in [`LENT`] until dropped (unwinding
-/// included).
-struct Lent;
+/// included). Not `Send`: the count is this thread's.
+struct Lent(PhantomData<*const ()>);
 
 impl Lent {
     #[inline(always)]
     fn start() -> Self {
         LENT.set(LENT.get() + 1);
-        Lent
+        Lent(PhantomData)
     }
 }
 
@@ -107,11 +108,17 @@ impl Limiter {
     #[inline(always)]
     fn with_current<R>(&self, f: impl FnOnce(&Snapshot) -> R) -> R {
         let generation = self.generation.load(Ordering::Acquire);
-        let hit = CACHED.with(|cell| {
-            let c = cell.try_borrow().ok()?;
-            let c = c.as_ref()?;
-            (c.limiter == self.id && c.generation == generation).then_some(Arc::as_ptr(&c.snapshot))
-        });
+        // `try_with`: a decision made while this thread's locals are torn down finds no
+        // cache and loads the snapshot instead of panicking.
+        let hit = CACHED
+            .try_with(|cell| {
+                let c = cell.try_borrow().ok()?;
+                let c = c.as_ref()?;
+                (c.limiter == self.id && c.generation == generation)
+                    .then_some(Arc::as_ptr(&c.snapshot))
+            })
+            .ok()
+            .flatten();
         if let Some(snapshot) = hit {
             let _lent = Lent::start();
             // SAFETY: `CACHED` holds an `Arc` of this snapshot. Only this thread can replace
@@ -122,7 +129,7 @@ impl Limiter {
         }
         let snapshot = self.current.load_full();
         if LENT.get() == 0 {
-            CACHED.with(|cell| {
+            let _ = CACHED.try_with(|cell| {
                 if let Ok(mut c) = cell.try_borrow_mut() {
                     *c = Some(CachedSnapshot {
                         limiter: self.id,
