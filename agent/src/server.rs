@@ -80,6 +80,7 @@ pub struct LeaseFile {
     pub idle_evict_ms: Option<u64>,
     pub idle_return_ms: Option<u64>,
     pub rate_leases: Option<bool>,
+    pub settled_rates: Option<bool>,
     pub promote_tokens: Option<u64>,
     pub demote_tokens: Option<u64>,
 }
@@ -184,6 +185,7 @@ impl AgentFile {
         set(&mut s.promote_tokens, l.promote_tokens);
         set(&mut s.demote_tokens, l.demote_tokens);
         set(&mut s.rate_leases, l.rate_leases);
+        set(&mut s.settled_rates, l.settled_rates);
         set(&mut s.low_watermark_pct, l.low_watermark_pct);
         set(&mut s.emergency_ppm, l.emergency_ppm);
         s

@@ -429,14 +429,29 @@ fn in_key_order(tables: &[Arc<ShardedTable<KeyLease>>]) -> Vec<Arc<Keyed<KeyLeas
 /// Measures the key's demand over the last pass (`elapsed` ns), µtokens per second: the load
 /// offered here (admitted and finally denied), smoothed by [`smoothed`] over a lease
 /// (`lease_ns`).
-fn measure(v: &KeyLease, elapsed: Nanos, lease_ns: Nanos) {
+pub(super) fn measure(v: &KeyLease, elapsed: Nanos, lease_ns: Nanos) {
     let offered = v.offered();
     let before = v.prev_offered.swap(offered, Ordering::Relaxed);
+    let denied = v.denied_cost.load(Ordering::Relaxed);
+    let denied_before = v.prev_denied.swap(denied, Ordering::Relaxed);
     if elapsed > 0 {
         let sample = per_second(offered.saturating_sub(before), elapsed);
+        count_settled(v, sample, denied > denied_before);
         let old = v.demand_per_s.load(Ordering::Relaxed);
         v.demand_per_s
             .store(smoothed(old, sample, elapsed, lease_ns), Ordering::Relaxed);
+    }
+}
+
+/// Counts a pass towards [`settled_scarcity`]: one more when the key was offered at least
+/// [`SETTLED_HOT_TOKENS`] a second (`sample`, µtok/s) over it, its last answer was short and
+/// nothing of it was `denied` here; else the count starts over.
+fn count_settled(v: &KeyLease, sample: u64, denied: bool) {
+    let hot = sample >= SETTLED_HOT_TOKENS * MICROS_PER_TOKEN;
+    if hot && !denied && v.protocol.last_grant_short() {
+        v.settled_passes.fetch_add(1, Ordering::Relaxed);
+    } else {
+        v.settled_passes.store(0, Ordering::Relaxed);
     }
 }
 
@@ -521,7 +536,7 @@ fn unreachable(book: &LeaseBook, v: &KeyLease, now: Nanos) {
 /// the lease lasts, so a steady key renews once per report interval whatever its rate). At least what the
 /// decisions waiting for this call cost together (`waiting`), at least one token and at most
 /// the policy's max grant.
-fn want(v: &KeyLease, s: &LeaseSettings, waiting: Micros) -> (Micros, u64) {
+pub(super) fn want(v: &KeyLease, s: &LeaseSettings, waiting: Micros) -> (Micros, u64) {
     let demand = v.demand_per_s.load(Ordering::Relaxed);
     let max_grant = v.sizing.max_grant();
     let headroom = |x: u128| u64::try_from(x * 5 / 4).unwrap_or(u64::MAX);
@@ -529,8 +544,9 @@ fn want(v: &KeyLease, s: &LeaseSettings, waiting: Micros) -> (Micros, u64) {
     // A rate pays where lumps would be small or many: under scarcity (the last answer was short
     // of the ask, so lumps come one bucketful at a time) or when a report interval's demand is a
     // large part of the max grant (a lump per lease would not cover it).
-    let rated = s.rate_leases
-        && (v.protocol.last_grant_short() || over(s.report_interval_ms) > max_grant / 2);
+    let rated = (s.rate_leases
+        && (v.protocol.last_grant_short() || over(s.report_interval_ms) > max_grant / 2))
+        || settled_scarcity(v, s, over(s.report_interval_ms));
     let (now, rate) = match (demand, rated) {
         (0, _) => (max_grant, 0),
         (_, false) => (over(v.sizing.ttl_ms()), 0),
@@ -541,6 +557,31 @@ fn want(v: &KeyLease, s: &LeaseSettings, waiting: Micros) -> (Micros, u64) {
         .clamp(MICROS_PER_TOKEN, max_grant.max(MICROS_PER_TOKEN));
     (now, rate)
 }
+
+/// Tokens a second a key must be offered here, over a pass, to count as hot for
+/// [`settled_scarcity`] (as a report interval's demand: tokens per 1-s pass): a key this hot
+/// makes a lump Acquire per pass and more between passes under scarcity.
+pub(crate) const SETTLED_HOT_TOKENS: u64 = 64;
+
+/// Whether `v` asks for a rate without `rate_leases` (`settled_rates`, on by default, design
+/// §9 "Rates where scarcity has settled"): a hot key (a report interval's demand,
+/// `interval_demand` µtok, at least [`SETTLED_HOT_TOKENS`] tokens) that the allocator keeps
+/// short (its last answer was below the ask) and that had nothing denied here, for
+/// [`SETTLED_PASSES`] passes running. That is a key served at about the rate it asks, where
+/// lumps cost an Acquire at every pass and another between passes (issue 9, lease traffic at
+/// 1000/s), and a rate renews once a pass. A key denied here (demand beyond what it gets, the
+/// top Zipf tenants) keeps lumps, which measured better there; a rate that starts denying
+/// (accrual) returns the key to lumps at the next pass.
+fn settled_scarcity(v: &KeyLease, s: &LeaseSettings, interval_demand: Micros) -> bool {
+    s.settled_rates
+        && interval_demand >= SETTLED_HOT_TOKENS * MICROS_PER_TOKEN
+        && v.protocol.last_grant_short()
+        && v.settled_passes.load(Ordering::Relaxed) >= SETTLED_PASSES
+}
+
+/// Passes a key must stay settled before it asks for a rate: a ramp (demand rising past what
+/// the key gets) is served by lumps, which follow it sooner.
+pub(super) const SETTLED_PASSES: u64 = 3;
 
 /// How a new grant of `granted` µtok for `v` is spent, as (pace ns, µtok at once; see
 /// [`HeldAllocation::paced`]): when it is `short` of its ask, the previous answer was short too

@@ -43,6 +43,9 @@ pub struct LeaseSettings {
     /// demand asks for its rate and one report interval of tokens now, instead of a whole
     /// lease of tokens (default false: measured in `docs/design.md` §9, not yet on by default).
     pub rate_leases: bool,
+    /// Without `rate_leases`, still ask for a rate for a hot key the allocator keeps short while
+    /// nothing of it is denied here (see `manager::settled_scarcity`; default true).
+    pub settled_rates: bool,
     /// A central key is promoted to leases when it admits this many tokens within one lease
     /// period at this agent (default 4; 0: every key is leased from first sight). See
     /// [`demand`](super::demand).
@@ -72,6 +75,7 @@ impl LeaseSettings {
             idle_evict_ms: 60_000,
             idle_return_ms: 1_000,
             rate_leases: false,
+            settled_rates: true,
             promote_tokens: 4,
             demote_tokens: 2,
             backoff_seed: 0,

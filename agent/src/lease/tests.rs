@@ -281,6 +281,54 @@ fn a_key_running_low_after_a_short_grant_asks_only_just_before_it_runs_dry() {
     );
 }
 
+/// A hot key the allocator keeps short while nothing of it is denied here asks for its rate
+/// once it has been so for `SETTLED_PASSES` passes (issue 9, lease traffic at the contract's
+/// rate: a rate renews once a pass where lumps asked between passes too); a denial here starts
+/// over, a cooler key never asks, and `settled_rates: false` turns it off.
+#[test]
+fn a_hot_key_kept_short_without_denials_asks_for_its_rate_after_settling() {
+    use super::manager::{measure, want, SETTLED_PASSES};
+    const PASS: u64 = 1_000 * MS;
+    const LEASE: u64 = 5_000 * MS;
+    for (settled_rates, tokens_a_pass) in [(true, 100), (false, 100), (true, 50)] {
+        let mut settings = LeaseSettings::new("gw1", "eu");
+        settings.promote_tokens = 0;
+        settings.settled_rates = settled_rates;
+        let r = rig_with(settings.clone());
+        let acme = [("tenant", "acme")];
+        decide(&r, &acme, None);
+        let v = &key(&r, &acme, 0).value;
+        let short = HeldAllocation::new(1, 1, 3 * T, r.clock_now() + 5000 * MS, 0, 1);
+        v.protocol.install_answer(Arc::new(short), 0, true);
+        let pass = |denied: u64| {
+            v.admitted.fetch_add(tokens_a_pass * T, Ordering::Relaxed);
+            v.denied_cost.fetch_add(denied, Ordering::Relaxed);
+            measure(v, PASS, LEASE);
+            want(v, &settings, 0).1
+        };
+        let asks: Vec<bool> = (0..SETTLED_PASSES + 1).map(|_| pass(0) > 0).collect();
+        let settles = settled_rates && tokens_a_pass >= 64;
+        let mut expect = vec![false; SETTLED_PASSES as usize - 1];
+        expect.extend([settles, settles]);
+        assert_eq!(
+            asks, expect,
+            "settled_rates {settled_rates}, {tokens_a_pass} a pass"
+        );
+        // A denial here: lumps again, until the key has settled anew.
+        assert_eq!(pass(T), 0);
+        assert_eq!(pass(0), 0);
+        if settles {
+            // Its rate is the demand and a quarter (the demand still falling from the pass
+            // with the denial, 101 tokens offered, over the lease).
+            let mut rate = 0;
+            for _ in 0..SETTLED_PASSES {
+                rate = pass(0);
+            }
+            assert!((125 * T..=126 * T).contains(&rate), "{rate}");
+        }
+    }
+}
+
 #[test]
 fn a_local_denial_cancels_the_leased_reservation() {
     let r = rig();

@@ -41,6 +41,11 @@ pub struct KeyLease {
     pub denied_mix: CostMix,
     /// `admitted + denied_cost` at the previous maintenance pass.
     pub prev_offered: AtomicU64,
+    /// `denied_cost` at the previous maintenance pass.
+    pub prev_denied: AtomicU64,
+    /// Consecutive maintenance passes in which the key was hot, kept short by the allocator
+    /// and denied nothing here (`manager::settled_scarcity`).
+    pub settled_passes: AtomicU64,
     /// Recent demand, microtokens per second: the offered load, measured each maintenance
     /// pass, taken at once when it rises and decaying over a lease when it falls.
     pub demand_per_s: AtomicU64,
@@ -108,6 +113,8 @@ pub(super) fn new_key(key: &GlobalKey<'_>, now: Nanos) -> KeyLease {
         denied_cost: AtomicU64::new(0),
         denied_mix: CostMix::default(),
         prev_offered: AtomicU64::new(0),
+        prev_denied: AtomicU64::new(0),
+        settled_passes: AtomicU64::new(0),
         demand_per_s: AtomicU64::new(0),
         emergency_admitted: AtomicU64::new(0),
         emergency: FollowingBucket::default(),
