@@ -419,6 +419,16 @@ mod tests {
     }
 
     #[test]
+    fn the_lease_block_sets_settled_rates_and_defaults_it_on() {
+        let path = std::path::Path::new("agent.yaml");
+        let off = AgentFile::parse("lease:\n  settled_rates: false\n", path).expect("valid");
+        assert!(!off.lease_settings("gw", "eu").settled_rates);
+        let default = AgentFile::parse("lease:\n  rate_leases: false\n", path).expect("valid");
+        assert!(default.lease_settings("gw", "eu").settled_rates);
+        assert!(AgentFile::parse("lease:\n  settled_rate: false\n", path).is_err());
+    }
+
+    #[test]
     fn undecodable_requests_become_invalid_argument() {
         let resp = |status: &'static str, msg: &'static str| {
             let mut r = axum::http::Response::new(());

@@ -68,6 +68,17 @@ pub struct LeaseSizing {
     /// Time the rule's rate takes to refill its whole capacity, ns.
     fill_ns: AtomicU64,
     emergency: AtomicBool,
+    /// Whether the rule is a bucket (token bucket or GCRA), the only limits whose allocations
+    /// can carry a rate (design §9).
+    bucket: AtomicBool,
+}
+
+/// Whether `rule`'s allocations can carry a rate: a bucket's (a window has no refill to divert).
+fn is_bucket(rule: &KeyRule) -> bool {
+    matches!(
+        rule.params,
+        LimitParams::TokenBucket { .. } | LimitParams::Gcra { .. }
+    )
 }
 
 impl LeaseSizing {
@@ -79,6 +90,7 @@ impl LeaseSizing {
             token_ns: AtomicU64::new(rule.params.time_for(MICROS_PER_TOKEN)),
             fill_ns: AtomicU64::new(fill_time(rule)),
             emergency: AtomicBool::new(rule.failure_mode == FailureMode::Emergency),
+            bucket: AtomicBool::new(is_bucket(rule)),
         }
     }
 
@@ -102,6 +114,15 @@ impl LeaseSizing {
         if self.emergency.load(Ordering::Relaxed) != emergency {
             self.emergency.store(emergency, Ordering::Relaxed);
         }
+        let bucket = is_bucket(rule);
+        if self.bucket.load(Ordering::Relaxed) != bucket {
+            self.bucket.store(bucket, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether the rule's allocations can carry a rate (a token bucket or a GCRA).
+    pub fn carries_rates(&self) -> bool {
+        self.bucket.load(Ordering::Relaxed)
     }
 
     /// The emergency reserve kept out of a grant of `granted` microtokens (issue 10 item 4):

@@ -240,6 +240,8 @@ impl LeaseManager {
                 || a.spent_all_it_can(now)
         });
         if self.book.is_central(v) {
+            // A central key's answers are Decides, not grants: it has not settled.
+            v.settled_passes.store(0, Ordering::Relaxed);
             return;
         }
         let period = ms(v.sizing.ttl_ms().max(1));
@@ -432,9 +434,9 @@ fn in_key_order(tables: &[Arc<ShardedTable<KeyLease>>]) -> Vec<Arc<Keyed<KeyLeas
 pub(super) fn measure(v: &KeyLease, elapsed: Nanos, lease_ns: Nanos) {
     let offered = v.offered();
     let before = v.prev_offered.swap(offered, Ordering::Relaxed);
-    let denied = v.denied_cost.load(Ordering::Relaxed);
-    let denied_before = v.prev_denied.swap(denied, Ordering::Relaxed);
     if elapsed > 0 {
+        let denied = v.denied_cost.load(Ordering::Relaxed);
+        let denied_before = v.prev_denied.swap(denied, Ordering::Relaxed);
         let sample = per_second(offered.saturating_sub(before), elapsed);
         count_settled(v, sample, denied > denied_before);
         let old = v.demand_per_s.load(Ordering::Relaxed);
@@ -444,11 +446,12 @@ pub(super) fn measure(v: &KeyLease, elapsed: Nanos, lease_ns: Nanos) {
 }
 
 /// Counts a pass towards [`settled_scarcity`]: one more when the key was offered at least
-/// [`SETTLED_HOT_TOKENS`] a second (`sample`, µtok/s) over it, its last answer was short and
-/// nothing of it was `denied` here; else the count starts over.
+/// [`SETTLED_HOT_TOKENS`] a second (`sample`, µtok/s) over it, its last answer was short,
+/// nothing of it was `denied` here and its rule can carry rates (a bucket); else the count
+/// starts over. A central key's count is reset at each pass (`settle_key`).
 fn count_settled(v: &KeyLease, sample: u64, denied: bool) {
     let hot = sample >= SETTLED_HOT_TOKENS * MICROS_PER_TOKEN;
-    if hot && !denied && v.protocol.last_grant_short() {
+    if hot && !denied && v.protocol.last_grant_short() && v.sizing.carries_rates() {
         v.settled_passes.fetch_add(1, Ordering::Relaxed);
     } else {
         v.settled_passes.store(0, Ordering::Relaxed);
@@ -546,7 +549,7 @@ pub(super) fn want(v: &KeyLease, s: &LeaseSettings, waiting: Micros) -> (Micros,
     // large part of the max grant (a lump per lease would not cover it).
     let rated = (s.rate_leases
         && (v.protocol.last_grant_short() || over(s.report_interval_ms) > max_grant / 2))
-        || settled_scarcity(v, s, over(s.report_interval_ms));
+        || settled_scarcity(v, s, demand);
     let (now, rate) = match (demand, rated) {
         (0, _) => (max_grant, 0),
         (_, false) => (over(v.sizing.ttl_ms()), 0),
@@ -558,23 +561,23 @@ pub(super) fn want(v: &KeyLease, s: &LeaseSettings, waiting: Micros) -> (Micros,
     (now, rate)
 }
 
-/// Tokens a second a key must be offered here, over a pass, to count as hot for
-/// [`settled_scarcity`] (as a report interval's demand: tokens per 1-s pass): a key this hot
-/// makes a lump Acquire per pass and more between passes under scarcity.
+/// Tokens a second a key must be offered here to count as hot for [`settled_scarcity`] (64
+/// tokens over the default 1-s pass): a key this hot makes a lump Acquire per pass and more
+/// between passes under scarcity.
 pub(crate) const SETTLED_HOT_TOKENS: u64 = 64;
 
 /// Whether `v` asks for a rate without `rate_leases` (`settled_rates`, on by default, design
-/// §9 "Rates where scarcity has settled"): a hot key (a report interval's demand,
-/// `interval_demand` µtok, at least [`SETTLED_HOT_TOKENS`] tokens) that the allocator keeps
-/// short (its last answer was below the ask) and that had nothing denied here, for
+/// §9 "Rates where scarcity has settled"): a hot key (its measured demand, `demand_per_s`
+/// µtok/s, at least [`SETTLED_HOT_TOKENS`] tokens a second) of a bucket rule that the allocator
+/// keeps short (its last answer was below the ask) and that had nothing denied here, for
 /// [`SETTLED_PASSES`] passes running. That is a key served at about the rate it asks, where
 /// lumps cost an Acquire at every pass and another between passes (issue 9, lease traffic at
 /// 1000/s), and a rate renews once a pass. A key denied here (demand beyond what it gets, the
 /// top Zipf tenants) keeps lumps, which measured better there; a rate that starts denying
 /// (accrual) returns the key to lumps at the next pass.
-fn settled_scarcity(v: &KeyLease, s: &LeaseSettings, interval_demand: Micros) -> bool {
+fn settled_scarcity(v: &KeyLease, s: &LeaseSettings, demand_per_s: u64) -> bool {
     s.settled_rates
-        && interval_demand >= SETTLED_HOT_TOKENS * MICROS_PER_TOKEN
+        && demand_per_s >= SETTLED_HOT_TOKENS * MICROS_PER_TOKEN
         && v.protocol.last_grant_short()
         && v.settled_passes.load(Ordering::Relaxed) >= SETTLED_PASSES
 }

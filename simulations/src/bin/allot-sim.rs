@@ -54,6 +54,10 @@ struct Args {
     /// Agents ask rate-carrying allocations (`lease.rate_leases: true`, design §9).
     #[arg(long)]
     rate_leases: bool,
+    /// Agents never ask a rate for a key whose scarcity has settled (`lease.settled_rates:
+    /// false`): lumps only, as before 2026-12-07.
+    #[arg(long)]
+    no_settled_rates: bool,
 }
 
 #[derive(Subcommand, Debug)]
@@ -192,6 +196,7 @@ fn main() -> Result<()> {
         only,
         tuning: LeaseTuning {
             rate_leases: args.rate_leases.then_some(true),
+            settled_rates: args.no_settled_rates.then_some(false),
             ..LeaseTuning::default()
         },
         ..SimConfig::default()
@@ -207,6 +212,9 @@ fn main() -> Result<()> {
         }
         if args.rate_leases {
             c.push_str(" --rate-leases");
+        }
+        if args.no_settled_rates {
+            c.push_str(" --no-settled-rates");
         }
         if let Some(w) = &args.workload {
             c.push_str(&format!(" --workload {w}"));

@@ -273,6 +273,8 @@ pub struct LeaseTuning {
     pub demote_tokens: Option<u64>,
     /// `rate_leases`: ask rate-carrying allocations (design §9).
     pub rate_leases: Option<bool>,
+    /// `settled_rates`: ask a rate for a key whose scarcity has settled (on by default).
+    pub settled_rates: Option<bool>,
 }
 
 impl LeaseTuning {
@@ -289,6 +291,9 @@ impl LeaseTuning {
         }
         if let Some(r) = self.rate_leases {
             settings.rate_leases = r;
+        }
+        if let Some(r) = self.settled_rates {
+            settings.settled_rates = r;
         }
     }
 }
